@@ -1,0 +1,22 @@
+"""Make Accelerate's `in_order` logging work on every rank, every time.
+
+Importing this package patches `accelerate.logging.MultiProcessAdapter.log` (now, or when
+`accelerate.logging` is first imported) so that `logger.info(msg, in_order=True)` is a collective
+that every rank enters, whatever it will print: records come out in rank order and never deadlock.
+
+    import accelerate_inorder_fix  # that's all
+
+`ACCELERATE_INORDER_FIX=0` turns the automatic patch off; `patch()`, `unpatch()` and `is_patched()`
+control it explicitly; `configure(mode=..., timeout=...)` picks the in_order mode.
+"""
+
+__version__ = "0.1.0"
+
+from ._config import configure
+from ._wiring import UnknownAccelerateWarning, is_patched, patch, unpatch
+
+__all__ = ["UnknownAccelerateWarning", "__version__", "configure", "is_patched", "patch", "unpatch"]
+
+from ._wiring import auto_patch as _auto_patch
+
+_auto_patch()

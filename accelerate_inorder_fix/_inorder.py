@@ -1,0 +1,87 @@
+"""The contract: what `MultiProcessAdapter.log` does once patched.
+
+A collective must be reached by every rank on the same control path, whatever that rank will print.
+Upstream puts the in_order barriers behind rank-local conditions (`_should_log`, `isEnabledFor`), so a
+rank that prints nothing skips them and the job deadlocks or desynchronises. Here the synchronisation
+comes first and unconditionally; each rank's own level, filters and handlers only decide whether it
+emits its record in its turn.
+
+- `in_order=False`: upstream's own body runs, untouched.
+- `in_order=True`: a collective call on every rank; `main_process_only` is ignored (as in 1.13+).
+"""
+
+import logging
+import sys
+
+from accelerate.state import PartialState
+
+from . import _config
+
+# Frames a wrapt wrapper adds between the user's call and ours: 0 with wrapt's C extension, more with
+# its pure-Python fallback. Set by the wiring when it installs the patch.
+wrapper_frames = 0
+
+_warned = set()
+
+
+def _warn_once(key, text):
+    """One line on stderr per problem and process: logging must never raise into user code."""
+    if key not in _warned:
+        _warned.add(key)
+        sys.stderr.write(f"accelerate-inorder-fix: {text}\n")
+
+
+def _emit(adapter, level, msg, args, kwargs):
+    """Emit one record through the rank's own logger, exactly as upstream's working path does."""
+    if not adapter.isEnabledFor(level):
+        return
+    try:
+        msg, kwargs = adapter.process(msg, kwargs)
+        adapter.logger.log(level, msg, *args, **kwargs)
+    except Exception as exc:  # a filter or handler that raises must not skip the barrier after it
+        _warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+
+
+def _barrier(state):
+    """Upstream's own synchronisation. False when it failed (the job is already broken)."""
+    try:
+        state.wait_for_everyone()
+    except Exception as exc:
+        _warn_once(("barrier", type(exc)), f"in_order synchronisation failed, logging unordered: {exc!r}")
+        return False
+    return True
+
+
+def log_in_order(wrapped, instance, args, kwargs):
+    """wrapt wrapper for `MultiProcessAdapter.log(level, msg, *args, **kwargs)`."""
+    if not kwargs.get("in_order") or not PartialState._shared_state:
+        # Upstream's own body, including its RuntimeError when the state is not initialised. It runs
+        # one frame below us, so the caller it reports moves up by one: the user's call site.
+        kwargs["stacklevel"] = kwargs.get("stacklevel", 2) + 1 + wrapper_frames
+        return wrapped(*args, **kwargs)
+
+    level, msg, *args = args
+    kwargs.pop("in_order")
+    kwargs.pop("main_process_only", None)
+    # Upstream's stacklevel convention (0.30.1+): 1 is its own `log` frame. Ours is `_emit` (or the
+    # gather code) called from this wrapper: one frame more.
+    kwargs["stacklevel"] = kwargs.get("stacklevel", 2) + 1 + wrapper_frames
+
+    state = PartialState()
+    if state.num_processes <= 1:
+        _emit(instance, level, msg, args, kwargs)
+        return None
+    if _config.mode() == "gather":
+        from . import _gather  # loaded only by the jobs that ask for it
+
+        return _gather.log(instance, level, msg, args, kwargs)
+
+    rank = state.process_index
+    for turn in range(state.num_processes):
+        if turn == rank:
+            _emit(instance, level, msg, args, kwargs)
+        if not _barrier(state):
+            if turn < rank:
+                _emit(instance, level, msg, args, kwargs)
+            return None
+    return None

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Idempotent set-up for the demo and the tests. torch 2.13.0 (CPU wheel) goes in first, so that
+# nothing later pulls a CUDA build; then this package, then the accelerate releases the tests cover.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${AIF_VENV:-.venv}
+PY=$VENV/bin/python
+RELEASES=${AIF_RELEASES:-"0.21.0 0.34.2 1.12.0 1.13.0 1.15.0"}
+
+[ -x "$PY" ] || python3 -m venv "$VENV"
+"$PY" -m pip install -q --disable-pip-version-check torch==2.13.0
+"$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+
+# Each release in a folder of its own, put in front of sys.path by the tests (PYTHONPATH).
+for v in $RELEASES; do
+  dest=.cache/accelerate/$v
+  [ -f "$dest/.complete" ] && continue
+  rm -rf "$dest"
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$dest" "accelerate==$v"
+  touch "$dest/.complete"
+done
+
+# The sdists hold each release's own tests/ (accelerate's test_logging.py runs against the patch).
+mkdir -p .cache/sdist
+for v in $RELEASES; do
+  ls .cache/sdist/accelerate-"$v".tar.gz >/dev/null 2>&1 && continue
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: --no-build-isolation \
+    -d .cache/sdist "accelerate==$v" 2>/dev/null || \
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d .cache/sdist "accelerate==$v"
+done
