@@ -138,9 +138,12 @@ def run(cmd, env=None, timeout=120.0, stall=None, cwd=None):
 
 
 def scenario_env(patched, mode=None, pythonpath=(), base=None):
-    """Environment for a scenario job: patched by import or not at all (start-up hook off)."""
+    """Environment for a scenario job: patched by import or not at all (start-up hook off).
+
+    `patched="late"` imports the package only after the scenarios' logger exists.
+    """
     env = dict(os.environ if base is None else base)
-    env["AIF_PATCH"] = "1" if patched else "0"
+    env["AIF_PATCH"] = patched if patched == "late" else ("1" if patched else "0")
     env["ACCELERATE_INORDER_FIX"] = "on" if patched else "0"
     if mode:
         env["ACCELERATE_INORDER_MODE"] = mode
