@@ -20,6 +20,18 @@ from . import _config
 # Frames a wrapt wrapper adds between the user's call and ours: 0 with wrapt's C extension, more with
 # its pure-Python fallback. Set by the wiring when it installs the patch.
 wrapper_frames = 0
+# Code of upstream's `warning_once` (None before 0.24): one more frame of accelerate's own between
+# the user and `log`, which upstream reports as the caller. Set by the wiring.
+warning_once_code = None
+_WARNING_CODE = logging.LoggerAdapter.warning.__code__
+
+
+def _default_stacklevel():
+    """Upstream's default (2: the frame above `log`), moved past `warning_once` when it is there."""
+    frame = sys._getframe(2 + wrapper_frames)  # the frame that called `log`
+    if frame.f_code is _WARNING_CODE and frame.f_back is not None and frame.f_back.f_code is warning_once_code:
+        return 3
+    return 2
 
 _warned = set()
 
@@ -57,7 +69,8 @@ def log_in_order(wrapped, instance, args, kwargs):
     if not kwargs.get("in_order") or not PartialState._shared_state:
         # Upstream's own body, including its RuntimeError when the state is not initialised. It runs
         # one frame below us, so the caller it reports moves up by one: the user's call site.
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 2) + 1 + wrapper_frames
+        kwargs["stacklevel"] = kwargs.get("stacklevel") or _default_stacklevel()
+        kwargs["stacklevel"] += 1 + wrapper_frames
         return wrapped(*args, **kwargs)
 
     level, msg, *args = args
@@ -65,7 +78,7 @@ def log_in_order(wrapped, instance, args, kwargs):
     kwargs.pop("main_process_only", None)
     # Upstream's stacklevel convention (0.30.1+): 1 is its own `log` frame. Ours is `_emit` (or the
     # gather code) called from this wrapper: one frame more.
-    kwargs["stacklevel"] = kwargs.get("stacklevel", 2) + 1 + wrapper_frames
+    kwargs["stacklevel"] = (kwargs.get("stacklevel") or _default_stacklevel()) + 1 + wrapper_frames
 
     state = PartialState()
     if state.num_processes <= 1:

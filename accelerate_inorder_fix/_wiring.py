@@ -86,6 +86,8 @@ def _apply(module=None):
     from . import _inorder
 
     _inorder.wrapper_frames = _count_wrapper_frames()
+    warning_once = getattr(cls.__dict__.get("warning_once"), "__wrapped__", None)
+    _inorder.warning_once_code = getattr(warning_once, "__code__", None)
     wrapt.wrap_function_wrapper(cls, "log", _inorder.log_in_order)
 
 

@@ -42,3 +42,12 @@ def run_python(code, version=LATEST, env=None, timeout=60):
     full_env.update(env or {})
     full_env["PYTHONPATH"] = os.pathsep.join([accelerate_dir(version), str(REPO)])
     return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_script(path, *args, version=LATEST, env=None, timeout=60):
+    """Run a Python file against an accelerate release; returns CompletedProcess (text)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join([accelerate_dir(version), str(REPO)])
+    return subprocess.run([sys.executable, str(path), *args], env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
