@@ -155,6 +155,12 @@ def _worker(names):
         # a hang or a wrong sum, as it would in the user's next training step.
         rank.result(name, "sum", rank.all_reduce_sum())
         _say(f"{DONE} {name} r{rank.index}")
+    # Tear the process group down explicitly: left to interpreter exit, gloo's threads can abort the
+    # process ("terminate called without an active exception") while a peer is still connected.
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------

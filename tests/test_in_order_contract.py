@@ -35,9 +35,9 @@ def test_patched_scenarios_are_ordered(version, nproc):
     job = _launch.run_scenarios(NAMES, nproc, patched=True, pythonpath=[accelerate_dir(version)],
                                 timeout=240, stall=None)
     assert job.killed is None, f"patched job hung: {job}\n{job.stderr[-2000:]}"
-    assert job.returncode == 0, job.stderr[-3000:]
     bad = {name: v for name, v in _verdicts(job, nproc, NAMES).items() if v[0] != "ordered"}
     assert not bad, f"{version} x{nproc}: {bad}"
+    assert job.returncode == 0, job.stderr[-3000:]
 
 
 @pytest.mark.parametrize(
