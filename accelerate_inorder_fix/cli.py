@@ -1,0 +1,213 @@
+"""The command line: `accelerate-inorder-fix` or `python -m accelerate_inorder_fix`.
+
+    status   what is installed, and whether a process here gets the fix
+    check    run the in_order scenarios on real CPU ranks, without and with the fix
+    bench    time the two in_order modes (barrier, gather)
+
+Exit codes: 0 success; 1 the check found a problem with the fix, or could not run; 2 bad arguments;
+130 interrupted.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+
+from . import __version__, _config
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+# The gather-mode benchmark. WIRING: it lives outside the package (a source checkout has it, an
+# installed wheel does not); `bench` looks here first, then in the package, and calls `main(argv)`.
+BENCH_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                            "bench_inorder.py")
+BENCH_MODULE = "accelerate_inorder_fix._bench"
+# Gather mode is built separately; `check --mode gather` needs it in the ranks.
+GATHER_MODULE = "accelerate_inorder_fix._gather"
+
+
+def _say(text):
+    """Progress goes to stderr, so stdout holds only the result (the table, or the JSON)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def _nproc(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of ranks, not {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (in_order only matters with several ranks), not {value}")
+    return value
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="accelerate-inorder-fix",
+        description="Check that accelerate's `logger.info(msg, in_order=True)` works on this machine.",
+        epilog="Start with `check`: it shows the bug without the fix and the fix at work, in about a minute.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    status = commands.add_parser(
+        "status", help="show versions, and whether a Python process here gets the fix",
+        description="Show the installed accelerate and torch, which upstream log body is installed, whether a "
+                    "Python process here gets the fix and how, the in_order mode and timeout in effect, and "
+                    "whether the start-up hook is installed.")
+    status.add_argument("--json", action="store_true", help="print the facts as JSON, for scripts")
+
+    check = commands.add_parser(
+        "check", help="run the in_order scenarios on real CPU ranks, without and with the fix",
+        description="Start real CPU ranks (torchrun, gloo; no GPU needed) and run each in_order scenario "
+                    "first without the fix, then with it. Prints a table of what happened. Exits 0 only if "
+                    "every scenario is ordered with the fix.")
+    check.add_argument("--nproc", type=_nproc, default=4, metavar="N", help="ranks per job (default: 4)")
+    check.add_argument("--mode", choices=_config.MODES, default=None,
+                       help="in_order mode of the patched run (default: the mode in effect, "
+                            f"{_config.MODE_ENV} or {_config.DEFAULT_MODE})")
+    check.add_argument("--timeout", type=_seconds, default=8.0, metavar="S",
+                       help="seconds a job may print nothing before it counts as deadlocked and is stopped "
+                            "(default: 8)")
+    check.add_argument("--scenario", action="append", metavar="NAME",
+                       help="run only this scenario (repeatable; default: all)")
+    check.add_argument("-v", "--verbose", action="store_true", help="explain every verdict, not only failures")
+
+    bench = commands.add_parser(
+        "bench", help="time in_order logging in barrier and gather mode",
+        description="Run the gather-mode benchmark and print its table. Arguments after the command go to "
+                    "the benchmark itself (see `bench -- --help`).")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def cmd_status(args):
+    from . import _status
+
+    facts = _status.collect()
+    if args.json:
+        print(json.dumps(facts, indent=2, sort_keys=True))
+    else:
+        print("\n".join(_status.render(facts)))
+    return EXIT_OK
+
+
+def _interrupt_on_sigterm():
+    """SIGTERM takes the same path as Ctrl-C: the jobs' clean-up runs before the process ends."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def cmd_check(args, parser):
+    from . import _check, _status, scenarios
+
+    unknown = [n for n in args.scenario or () if n not in scenarios.SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)} (known: {', '.join(scenarios.SCENARIOS)})")
+    mode = args.mode or _config.mode()
+    if mode == "gather" and importlib.util.find_spec(GATHER_MODULE) is None:
+        _say("check: gather mode is not available in this build of accelerate-inorder-fix.")
+        return EXIT_FAIL
+    accelerate, torch = _status.accelerate_facts(), _status.torch_facts()
+    for name, facts in (("accelerate", accelerate), ("torch", torch)):
+        if not facts.get("installed"):
+            _say(f"check: {name} is not installed for {sys.executable}; nothing to check. "
+                 + facts.get("error", ""))
+            return EXIT_FAIL
+    body = accelerate["log_body"]
+    body_text = f"log body of {body['release_line']}" if body["known"] else "UNKNOWN log body"
+    print(f"accelerate {accelerate['version']} ({body_text}), torch {torch['version']}, "
+          f"{args.nproc} CPU ranks per job, mode {mode}")
+    names = args.scenario or list(scenarios.SCENARIOS)
+    _say(f"check: {len(names) + 1} jobs of {args.nproc} ranks (torchrun, gloo), run side by side; "
+         f"a job silent for {args.timeout:g} s counts as deadlocked and is stopped")
+    check = _check.Check(args.nproc, mode=mode, stall=args.timeout, names=names, say=_say)
+    start = time.monotonic()
+    _interrupt_on_sigterm()
+    try:
+        results = check.run()
+    except KeyboardInterrupt:
+        _say("check: interrupted; every rank it started has been stopped.")
+        return EXIT_INTERRUPTED
+    print()
+    print("\n".join(_check.table(results)))
+    print()
+    return _conclude(results, args, time.monotonic() - start)
+
+
+def _conclude(results, args, elapsed):
+    """Explain the verdicts that need it and turn the patched column into the exit code."""
+    for name, (before, after) in results.items():
+        if not after.ok:
+            print(f"patched {name}: {after.word}: {after.detail}")
+        elif args.verbose and before.detail:
+            print(f"unpatched {name}: {before.word}: {before.detail}")
+    broken = [name for name, (before, _) in results.items() if not before.ok]
+    failed = [name for name, (_, after) in results.items() if not after.ok]
+    if broken:
+        print(f"Without the fix, {len(broken)} of {len(results)} scenarios go wrong on this accelerate.")
+    else:
+        print("Without the fix, every scenario came out ordered on this accelerate (no bug to show).")
+    if failed:
+        print(f"FAIL: with the fix, {len(failed)} scenario(s) are not ordered: {', '.join(failed)}.")
+    else:
+        print(f"PASS: with the fix, every scenario is ordered on {args.nproc} ranks.")
+    print(f"({elapsed:.0f} s)")
+    return EXIT_FAIL if failed else EXIT_OK
+
+
+def _load_benchmark():
+    """The benchmark's `main(argv)`, or None when this build does not have it."""
+    if os.path.isfile(BENCH_SCRIPT):
+        spec = importlib.util.spec_from_file_location("aif_bench_inorder", BENCH_SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return getattr(module, "main", None)
+    if importlib.util.find_spec(BENCH_MODULE) is not None:
+        return getattr(importlib.import_module(BENCH_MODULE), "main", None)
+    return None
+
+
+def cmd_bench(args):
+    bench_main = _load_benchmark()
+    if bench_main is None:
+        _say("bench: the benchmark is missing from this build (looked for "
+             f"{BENCH_SCRIPT} and {BENCH_MODULE}); it ships with a source checkout.")
+        return EXIT_FAIL
+    argv = list(args.bench_args)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    code = bench_main(argv)
+    return EXIT_OK if code is None else int(code)
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "status":
+        return cmd_status(args)
+    if args.command == "check":
+        return cmd_check(args, parser)
+    return cmd_bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
