@@ -195,7 +195,8 @@ class Check:
                 self.say(self._news(label, outcomes, job, now - start))
                 last_news = now
             if pending and now - last_news > PROGRESS_EVERY:
-                self.say(f"  ... {len(pending)} job(s) still running, {now - start:.0f} s so far")
+                alive = len(_marked(self.check_id))
+                self.say(f"  ... {len(pending)} job(s) running ({alive} processes), {now - start:.0f} s so far")
                 last_news = now
         return {name: (unpatched[name], patched[name]) for name in self.names}
 
