@@ -60,8 +60,8 @@ def judge(name, nproc, job):
     verdict, detail = scenarios.check(name, nproc, job.lines)
     if verdict == "deadlock":
         stuck = sorted(set(range(nproc)) - finished)
-        how = "no output" if job.killed == "stall" else "hard deadline passed"
-        return Outcome(f"deadlock ({_ranks_text(stuck, nproc)} stuck)", f"{detail}; stopped: {how}")
+        how = "its output stopped" if job.killed == "stall" else "its hard deadline passed"
+        return Outcome(f"deadlock ({_ranks_text(stuck, nproc)} stuck)", f"{detail}; stopped because {how}")
     words = {
         "ordered": "ordered",
         "unordered": "ignored (unordered)",
@@ -136,8 +136,9 @@ def _job_env(check_id):
 class Check:
     """One run of the self-test; `run()` returns {scenario: (unpatched Outcome, patched Outcome)}."""
 
-    def __init__(self, nproc, mode=None, stall=8.0, names=None, say=None):
+    def __init__(self, nproc, mode=None, stall=8.0, names=None, say=None, on_start=None):
         self.nproc, self.mode, self.stall = nproc, mode, stall
+        self.on_start = on_start or (lambda: None)
         self.names = list(names or scenarios.SCENARIOS)
         self.say = say or (lambda text: None)
         self.check_id = uuid.uuid4().hex
@@ -170,6 +171,7 @@ class Check:
             # The patched job first: it is the longest, and it decides the exit code.
             futures = {pool.submit(self._patched): "patched"}
             futures.update({pool.submit(self._unpatched, name): name for name in self.names})
+            self.on_start()
             results = self._collect(futures, start)
         except BaseException:  # Ctrl-C, SIGTERM, or a bug here: leave no rank behind, then re-raise
             self.cancelled.set()

@@ -14,9 +14,10 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
-from . import __version__, _config
+from . import __version__, _config, scenarios
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -84,8 +85,8 @@ def build_parser():
     check.add_argument("--timeout", type=_seconds, default=8.0, metavar="S",
                        help="seconds a job may print nothing before it counts as deadlocked and is stopped "
                             "(default: 8)")
-    check.add_argument("--scenario", action="append", metavar="NAME",
-                       help="run only this scenario (repeatable; default: all)")
+    check.add_argument("--scenario", action="append", choices=list(scenarios.SCENARIOS), metavar="NAME",
+                       help=f"run only this scenario (repeatable; default: all of {', '.join(scenarios.SCENARIOS)})")
     check.add_argument("-v", "--verbose", action="store_true", help="explain every verdict, not only failures")
 
     bench = commands.add_parser(
@@ -116,30 +117,25 @@ def _interrupt_on_sigterm():
     signal.signal(signal.SIGTERM, handler)
 
 
-def cmd_check(args, parser):
-    from . import _check, _status, scenarios
+def cmd_check(args):
+    from . import _check
 
-    unknown = [n for n in args.scenario or () if n not in scenarios.SCENARIOS]
-    if unknown:
-        parser.error(f"unknown scenario {', '.join(unknown)} (known: {', '.join(scenarios.SCENARIOS)})")
     mode = args.mode or _config.mode()
     if mode == "gather" and importlib.util.find_spec(GATHER_MODULE) is None:
         _say("check: gather mode is not available in this build of accelerate-inorder-fix.")
         return EXIT_FAIL
-    accelerate, torch = _status.accelerate_facts(), _status.torch_facts()
-    for name, facts in (("accelerate", accelerate), ("torch", torch)):
-        if not facts.get("installed"):
-            _say(f"check: {name} is not installed for {sys.executable}; nothing to check. "
-                 + facts.get("error", ""))
+    for name in ("accelerate", "torch"):
+        if importlib.util.find_spec(name) is None:
+            _say(f"check: {name} is not installed for {sys.executable}; nothing to check.")
             return EXIT_FAIL
-    body = accelerate["log_body"]
-    body_text = f"log body of {body['release_line']}" if body["known"] else "UNKNOWN log body"
-    print(f"accelerate {accelerate['version']} ({body_text}), torch {torch['version']}, "
-          f"{args.nproc} CPU ranks per job, mode {mode}")
     names = args.scenario or list(scenarios.SCENARIOS)
-    _say(f"check: {len(names) + 1} jobs of {args.nproc} ranks (torchrun, gloo), run side by side; "
+    _say(f"check: {len(names) + 1} jobs of {args.nproc} CPU ranks (torchrun, gloo), run side by side; "
          f"a job silent for {args.timeout:g} s counts as deadlocked and is stopped")
-    check = _check.Check(args.nproc, mode=mode, stall=args.timeout, names=names, say=_say)
+    # Importing accelerate here costs seconds of CPU: do it while the ranks start, not before.
+    header = []
+    describe = threading.Thread(target=lambda: header.append(_describe_setup(args.nproc, mode)), daemon=True)
+    check = _check.Check(args.nproc, mode=mode, stall=args.timeout, names=names,
+                         say=_say, on_start=describe.start)
     start = time.monotonic()
     _interrupt_on_sigterm()
     try:
@@ -147,19 +143,37 @@ def cmd_check(args, parser):
     except KeyboardInterrupt:
         _say("check: interrupted; every rank it started has been stopped.")
         return EXIT_INTERRUPTED
+    describe.join()
+    print(header[0] if header else "(could not describe the set-up)")
     print()
     print("\n".join(_check.table(results)))
     print()
     return _conclude(results, args, time.monotonic() - start)
 
 
+def _describe_setup(nproc, mode):
+    """One line naming what was checked; also shown as progress as soon as it is known."""
+    from . import _status
+
+    accelerate, torch = _status.accelerate_facts(), _status.torch_facts()
+    if not accelerate.get("installed"):
+        text = f"accelerate cannot be used here: {accelerate.get('error', 'not installed')}"
+    else:
+        body = accelerate["log_body"]
+        body_text = f"log body of {body['release_line']}" if body["known"] else "UNKNOWN log body"
+        text = (f"accelerate {accelerate['version']} ({body_text}), torch {torch.get('version', 'missing')}, "
+                f"{nproc} CPU ranks per job, mode {mode}")
+    _say(f"  checking {text}")
+    return text
+
+
 def _conclude(results, args, elapsed):
     """Explain the verdicts that need it and turn the patched column into the exit code."""
     for name, (before, after) in results.items():
+        if args.verbose and before.detail:
+            print(f"unpatched {name}: {before.word}: {before.detail}")
         if not after.ok:
             print(f"patched {name}: {after.word}: {after.detail}")
-        elif args.verbose and before.detail:
-            print(f"unpatched {name}: {before.word}: {before.detail}")
     broken = [name for name, (before, _) in results.items() if not before.ok]
     failed = [name for name, (_, after) in results.items() if not after.ok]
     if broken:
@@ -170,7 +184,7 @@ def _conclude(results, args, elapsed):
         print(f"FAIL: with the fix, {len(failed)} scenario(s) are not ordered: {', '.join(failed)}.")
     else:
         print(f"PASS: with the fix, every scenario is ordered on {args.nproc} ranks.")
-    print(f"({elapsed:.0f} s)")
+    print(f"(took {elapsed:.0f} s)")
     return EXIT_FAIL if failed else EXIT_OK
 
 
@@ -205,7 +219,7 @@ def main(argv=None):
     if args.command == "status":
         return cmd_status(args)
     if args.command == "check":
-        return cmd_check(args, parser)
+        return cmd_check(args)
     return cmd_bench(args)
 
 
