@@ -144,27 +144,34 @@ def cmd_check(args):
         _say("check: interrupted; every rank it started has been stopped.")
         return EXIT_INTERRUPTED
     describe.join()
-    print(header[0] if header else "(could not describe the set-up)")
+    text, known_body = header[0] if header else ("(could not describe the set-up)", True)
+    print(text)
     print()
     print("\n".join(_check.table(results)))
     print()
-    return _conclude(results, args, time.monotonic() - start)
+    code = _conclude(results, args, time.monotonic() - start)
+    if code and not known_body:
+        print(f"Note: the fix stands aside on a log body it was not tested against; "
+              f"{_config.SWITCH_ENV}=force makes it patch anyway.")
+    return code
 
 
 def _describe_setup(nproc, mode):
-    """One line naming what was checked; also shown as progress as soon as it is known."""
+    """(line naming what was checked, whether the log body is known); shown as progress at once."""
     from . import _status
 
     accelerate, torch = _status.accelerate_facts(), _status.torch_facts()
+    known = True  # no note about the guard when accelerate itself is the problem
     if not accelerate.get("installed"):
         text = f"accelerate cannot be used here: {accelerate.get('error', 'not installed')}"
     else:
+        known = accelerate["log_body"]["known"]
         body = accelerate["log_body"]
         body_text = f"log body of {body['release_line']}" if body["known"] else "UNKNOWN log body"
         text = (f"accelerate {accelerate['version']} ({body_text}), torch {torch.get('version', 'missing')}, "
                 f"{nproc} CPU ranks per job, mode {mode}")
     _say(f"  checking {text}")
-    return text
+    return text, known
 
 
 def _conclude(results, args, elapsed):
@@ -209,8 +216,11 @@ def cmd_bench(args):
     argv = list(args.bench_args)
     if argv[:1] == ["--"]:
         argv = argv[1:]
-    code = bench_main(argv)
-    return EXIT_OK if code is None else int(code)
+    result = bench_main(argv)
+    if isinstance(result, str):  # a benchmark that returns its table instead of printing it
+        print(result)
+        return EXIT_OK
+    return EXIT_OK if result is None else int(result)
 
 
 def main(argv=None):
