@@ -21,8 +21,11 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from . import _launch, scenarios
 
 CHECK_MARKER_ENV = "AIF_CHECK_ID"
-# Each CPU rank holds torch in memory (~250 MB): bound the ranks alive at once, not the jobs.
-MAX_RANKS_IN_FLIGHT = 32
+# Jobs run side by side: starting ranks is CPU work, while a deadlocked job only waits for its
+# watchdog, so overlapping them is what keeps `check` near a minute. Each process (rank or launcher)
+# holds torch in memory, so memory, not CPU, bounds how many run at once.
+MAX_PROCESSES_AT_ONCE = 40
+MEMORY_PER_PROCESS = 300 * 2**20
 # A job that never prints (it hangs before its first record) is only caught by this deadline.
 HARD_DEADLINE = 240.0
 PROGRESS_EVERY = 15.0
@@ -109,6 +112,28 @@ def kill_marked(check_id, settle=3.0):
         time.sleep(0.1)
 
 
+def _available_memory():
+    """Bytes of memory available now (Linux), or None when this system does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def jobs_at_once(nproc, jobs):
+    """How many jobs of `nproc` ranks (plus a launcher each) may run side by side."""
+    processes = MAX_PROCESSES_AT_ONCE
+    memory = _available_memory()
+    if memory is not None:
+        # Leave a third of what is free to everything else on the machine.
+        processes = min(processes, int(memory * 2 / 3) // MEMORY_PER_PROCESS)
+    return max(1, min(jobs, processes // (nproc + 1)))
+
+
 def _child_pythonpath():
     """This package's folder for the ranks, unless they would find it anyway.
 
@@ -164,7 +189,9 @@ class Check:
         return None if job is None else judge_all(self.names, self.nproc, job), job
 
     def run(self):
-        workers = max(1, min(len(self.names) + 1, MAX_RANKS_IN_FLIGHT // self.nproc))
+        workers = jobs_at_once(self.nproc, len(self.names) + 1)
+        if workers < len(self.names) + 1:
+            self.say(f"  ({workers} job(s) at a time, to stay within this machine's free memory)")
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aif-check")
         start = time.monotonic()
         try:
