@@ -18,7 +18,7 @@ import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from . import _launch, scenarios
+from . import _config, _launch, scenarios
 
 CHECK_MARKER_ENV = "AIF_CHECK_ID"
 # Jobs run side by side: starting ranks is CPU work, while a deadlocked job only waits for its
@@ -158,6 +158,17 @@ def _job_env(check_id):
     return env
 
 
+def _scenario_env(patched, mode, base):
+    """`_launch.scenario_env`, keeping the user's `ACCELERATE_INORDER_FIX=force` for the patched run.
+
+    Without it, `check` could never show the fix at work on a log body the guard does not know.
+    """
+    env = _launch.scenario_env(patched, mode, base=base)
+    if patched and _config.switch() == "force":
+        env[_config.SWITCH_ENV] = "force"
+    return env
+
+
 class Check:
     """One run of the self-test; `run()` returns {scenario: (unpatched Outcome, patched Outcome)}."""
 
@@ -174,8 +185,8 @@ class Check:
         for _attempt in range(2):  # a port taken between picking and binding it: try once more
             if self.cancelled.is_set():
                 return None
-            job = _launch.run_scenarios(names, self.nproc, patched, mode=self.mode, timeout=HARD_DEADLINE,
-                                        stall=self.stall, base_env=env)
+            job = _launch.run(_launch.launch_command([_launch.SCENARIO_SCRIPT, ",".join(names)], self.nproc),
+                              env=_scenario_env(patched, self.mode, env), timeout=HARD_DEADLINE, stall=self.stall)
             if not _address_clash(job):
                 break
         return job

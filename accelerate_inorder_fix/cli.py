@@ -151,8 +151,8 @@ def cmd_check(args):
     print()
     code = _conclude(results, args, time.monotonic() - start)
     if code and not known_body:
-        print(f"Note: the fix stands aside on a log body it was not tested against; "
-              f"{_config.SWITCH_ENV}=force makes it patch anyway.")
+        print(f"Note: the fix stands aside on a log body it was not tested against. To see it at work on "
+              f"this one, run the check again with {_config.SWITCH_ENV}=force.")
     return code
 
 
