@@ -8,6 +8,7 @@ no process it started is still alive afterwards.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +24,10 @@ TEST_MARKER_ENV = "AIF_CLI_TEST_ID"
 
 
 def _env(version, extra=None):
+    """`version` is a release set up by scripts/setup.sh, or a folder holding an accelerate."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([accelerate_dir(version), str(REPO)])
+    where = version if os.path.isdir(str(version)) else accelerate_dir(version)
+    env["PYTHONPATH"] = os.pathsep.join([str(where), str(REPO)])
     env.pop("ACCELERATE_INORDER_FIX", None)
     env.pop("ACCELERATE_INORDER_MODE", None)
     env.update(extra or {})
@@ -102,6 +105,39 @@ def test_status_without_accelerate_or_torch_says_so():
     assert "accelerate: NOT INSTALLED" in result.stdout
     assert "torch: NOT INSTALLED" in result.stdout
     assert "gets the fix: NO, accelerate is not installed" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def altered_accelerate(tmp_path_factory):
+    """accelerate 1.15.0 with one harmless statement added to `log`: a body the guard does not know."""
+    root = tmp_path_factory.mktemp("altered")
+    shutil.copytree(os.path.join(accelerate_dir("1.15.0"), "accelerate"), root / "accelerate")
+    source = root / "accelerate" / "logging.py"
+    text = source.read_text()
+    anchor = "        if PartialState._shared_state == {}:\n"
+    assert text.count(anchor) == 1
+    source.write_text(text.replace(anchor, "        _vendored = True\n" + anchor))
+    return root
+
+
+def test_status_on_an_unknown_log_body(altered_accelerate):
+    result = cli("status", version=altered_accelerate)
+    assert result.returncode == 0, result.stderr
+    assert "log body: UNKNOWN" in result.stdout
+    assert "gets the fix: NO, this accelerate's log body is not one the package was tested against" in result.stdout
+    forced = json.loads(cli("status", "--json", version=altered_accelerate,
+                            env={"ACCELERATE_INORDER_FIX": "force"}).stdout)
+    assert forced["would_patch"]["patched"] is True and "forced" in forced["would_patch"]["how"]
+    assert forced["this_process"]["patched"] is True
+
+
+def test_check_fails_where_the_guard_stands_aside(altered_accelerate):
+    result = check_cli("--scenario", "rank_levels", version=altered_accelerate)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "UNKNOWN log body" in result.stdout.splitlines()[0]
+    assert table_rows(result.stdout)["rank_levels"] == ("deadlock (all ranks stuck)", "deadlock (all ranks stuck)")
+    assert "FAIL: with the fix, 1 scenario(s) are not ordered: rank_levels." in result.stdout
+    assert "ACCELERATE_INORDER_FIX=force" in result.stdout
 
 
 # --- bad arguments --------------------------------------------------------------------------------

@@ -45,3 +45,25 @@ def test_table_lines_up_its_columns():
     assert rows[0].split() == ["scenario", "what", "it", "does", "unpatched", "patched"]
     assert rows[2].index("deadlock") == rows[0].index("unpatched")
     assert rows[2].rindex("ordered") == rows[0].rindex("patched")
+
+
+def test_the_users_force_reaches_the_patched_ranks_only(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_INORDER_FIX", "force")
+    assert _check._scenario_env(True, "gather", {})["ACCELERATE_INORDER_FIX"] == "force"
+    assert _check._scenario_env(True, "gather", {})["ACCELERATE_INORDER_MODE"] == "gather"
+    assert _check._scenario_env(False, None, {})["ACCELERATE_INORDER_FIX"] == "0"
+
+
+def test_bench_calls_the_benchmarks_main_with_the_rest_of_the_line(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "bench_inorder.py"
+    script.write_text("def main(argv):\n    print('bench table', argv)\n    return 0\n")
+    monkeypatch.setattr(cli, "BENCH_SCRIPT", str(script))
+    assert cli.main(["bench", "--", "--nproc", "2"]) == cli.EXIT_OK
+    assert "bench table ['--nproc', '2']" in capsys.readouterr().out
+
+
+def test_bench_says_when_the_benchmark_is_missing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "BENCH_SCRIPT", str(tmp_path / "absent.py"))
+    monkeypatch.setattr(cli, "BENCH_MODULE", "accelerate_inorder_fix._no_such_bench")
+    assert cli.main(["bench"]) == cli.EXIT_FAIL
+    assert "the benchmark is missing from this build" in capsys.readouterr().err
