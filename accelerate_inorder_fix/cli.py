@@ -91,9 +91,8 @@ def build_parser():
 
     bench = commands.add_parser(
         "bench", help="time in_order logging in barrier and gather mode",
-        description="Run the gather-mode benchmark and print its table. Arguments after the command go to "
-                    "the benchmark itself (see `bench -- --help`).")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        description="Run the gather-mode benchmark and print its table. Any other argument goes to the "
+                    "benchmark itself (`bench -- --help` shows them).")
     return parser
 
 
@@ -225,7 +224,11 @@ def cmd_bench(args):
 
 def main(argv=None):
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Whatever `bench` does not know belongs to the benchmark; any other command knows all its options.
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.bench_args = rest
     if args.command == "status":
         return cmd_status(args)
     if args.command == "check":

@@ -150,6 +150,7 @@ def test_check_fails_where_the_guard_stands_aside(altered_accelerate):
     (["check", "--timeout", "-3"], "--timeout: must be a positive number of seconds"),
     (["check", "--scenario", "nope"], "--scenario: invalid choice: 'nope'"),
     (["launch"], "invalid choice: 'launch'"),
+    (["status", "--verbose"], "unrecognized arguments: --verbose"),
     ([], "required: COMMAND"),
 ])
 def test_bad_arguments_exit_2_with_a_plain_error(args, words):

@@ -58,8 +58,10 @@ def test_bench_calls_the_benchmarks_main_with_the_rest_of_the_line(tmp_path, mon
     script = tmp_path / "bench_inorder.py"
     script.write_text("def main(argv):\n    print('bench table', argv)\n    return 0\n")
     monkeypatch.setattr(cli, "BENCH_SCRIPT", str(script))
-    assert cli.main(["bench", "--", "--nproc", "2"]) == cli.EXIT_OK
-    assert "bench table ['--nproc', '2']" in capsys.readouterr().out
+    assert cli.main(["bench", "--nproc", "2"]) == cli.EXIT_OK
+    assert cli.main(["bench", "--", "--help"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "bench table ['--nproc', '2']" in out and "bench table ['--help']" in out
 
 
 def test_bench_says_when_the_benchmark_is_missing(tmp_path, monkeypatch, capsys):
