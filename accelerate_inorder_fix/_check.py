@@ -10,6 +10,7 @@ Every process a job starts carries `CHECK_MARKER_ENV` in its environment, so an 
 find and kill them all, whichever launcher started them and in whatever session.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -60,6 +61,9 @@ def judge(name, nproc, job):
     if finished != set(range(nproc)) and job.killed is None and job.returncode != 0:
         tail = job.stderr.strip().splitlines()[-1:] or ["no error output"]
         return Outcome(f"crashed (exit {job.returncode})", tail[0])
+    if not job.lines and job.killed == "timeout":
+        tail = job.stderr.strip().splitlines()[-1:] or ["nothing on stderr either"]
+        return Outcome("never started", f"no rank printed anything before the hard deadline; {tail[0]}")
     verdict, detail = scenarios.check(name, nproc, job.lines)
     if verdict == "deadlock":
         stuck = sorted(set(range(nproc)) - finished)
@@ -169,6 +173,19 @@ def _scenario_env(patched, mode, base):
     return env
 
 
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Ignore Ctrl-C for the duration (only the main thread may change signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class Check:
     """One run of the self-test; `run()` returns {scenario: (unpatched Outcome, patched Outcome)}."""
 
@@ -214,10 +231,10 @@ class Check:
         except BaseException:  # Ctrl-C, SIGTERM, or a bug here: leave no rank behind, then re-raise
             self.cancelled.set()
             pool.shutdown(wait=False, cancel_futures=True)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the clean-up
-            kill_marked(self.check_id)
-            pool.shutdown(wait=True)
-            kill_marked(self.check_id)
+            with _sigint_ignored():  # a second Ctrl-C must not stop the clean-up half-way
+                kill_marked(self.check_id)
+                pool.shutdown(wait=True)
+                kill_marked(self.check_id)
             raise
         pool.shutdown(wait=True)
         return results

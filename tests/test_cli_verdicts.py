@@ -23,6 +23,8 @@ def test_words_for_each_kind_of_outcome():
     assert stuck.word == "deadlock (ranks 1,2 stuck)" and "output stopped" in stuck.detail
     crashed = _check.judge("default", 2, Job([], "Traceback...\nRuntimeError: gloo broke", 1, None, 3.0))
     assert crashed.word == "crashed (exit 1)" and crashed.detail == "RuntimeError: gloo broke"
+    silent = _check.judge("default", 2, Job([], "rendezvous timed out", -9, "timeout", 240.0))
+    assert silent.word == "never started" and "rendezvous timed out" in silent.detail
 
 
 def test_a_deadlock_in_the_patched_job_marks_the_rest_not_reached():
