@@ -229,9 +229,9 @@ class Check:
             self.on_start()
             results = self._collect(futures, start)
         except BaseException:  # Ctrl-C, SIGTERM, or a bug here: leave no rank behind, then re-raise
-            self.cancelled.set()
-            pool.shutdown(wait=False, cancel_futures=True)
             with _sigint_ignored():  # a second Ctrl-C must not stop the clean-up half-way
+                self.cancelled.set()
+                pool.shutdown(wait=False, cancel_futures=True)
                 kill_marked(self.check_id)
                 pool.shutdown(wait=True)
                 kill_marked(self.check_id)
