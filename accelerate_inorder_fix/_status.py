@@ -12,10 +12,10 @@ import sys
 
 from . import __version__, _config, _fingerprint, _wiring
 
-# The start-up hook is built separately; this build may not have it. WIRING: the module name and the
-# function that reports {"installed": bool, "path": str or None, "patched_by": str or None}.
-STARTUP_MODULE = "accelerate_inorder_fix._startup"
-STARTUP_REPORT = "hook_status"
+# The start-up hook is built separately; this build may not have it. WIRING: the module and its
+# function returning a dict with hook_installed, hook_file, startup_switch, patched_by, hook_error.
+STARTUP_MODULE = "accelerate_inorder_fix.startup"
+STARTUP_REPORT = "status"
 
 
 def _import_or_none(name):
@@ -66,14 +66,27 @@ def torch_facts():
 
 
 def startup_hook_facts():
-    """The start-up hook's own report, or `available: False` when this build has no hook."""
+    """What the start-up hook says of itself, or `available: False` when this build has no hook.
+
+    `active`: installed and not switched off, so new processes here get the patch at start-up.
+    """
     if importlib.util.find_spec(STARTUP_MODULE) is None:
         return {"available": False}
     try:
-        report = getattr(importlib.import_module(STARTUP_MODULE), STARTUP_REPORT)()
+        report = dict(getattr(importlib.import_module(STARTUP_MODULE), STARTUP_REPORT)())
     except Exception as exc:
         return {"available": True, "error": f"the start-up hook could not be queried: {exc!r}"}
-    return {"available": True, **dict(report)}
+    installed = bool(report.get("hook_installed"))
+    return {
+        "available": True,
+        "installed": installed,
+        "path": report.get("hook_file"),
+        "switched_off": report.get("startup_switch") == "off",
+        "active": installed and report.get("startup_switch") != "off",
+        "patched_by": report.get("patched_by"),
+        "last_failure": report.get("hook_error"),
+        "report": report,
+    }
 
 
 def setting_facts():
@@ -114,7 +127,7 @@ def outlook(switch, accelerate, hook):
         return {"patched": False,
                 "how": "this accelerate's log body is not one the package was tested against, so it is "
                        f"left alone (set {_config.SWITCH_ENV}=force to patch anyway)"}
-    via = "at start-up, by the start-up hook" if hook.get("installed") else \
+    via = "at start-up, by the start-up hook" if hook.get("active") else \
         "when your script runs `import accelerate_inorder_fix`"
     if not known:
         via += f" (forced by {_config.SWITCH_ENV}=force)"
@@ -127,8 +140,8 @@ def collect():
     hook = startup_hook_facts()
     switch = _config.switch()
     this_process = {"patched": _wiring.is_patched()}
-    if hook.get("patched_by"):
-        this_process["how"] = hook["patched_by"]
+    if this_process["patched"] and hook.get("patched_by") == "start-up hook":
+        this_process["how"] = "by the start-up hook"
     elif this_process["patched"]:
         this_process["how"] = "by `import accelerate_inorder_fix` (this command does that)"
     return {
@@ -180,7 +193,12 @@ def render(facts):
         lines.append("start-up hook: not available in this build")
     elif hook.get("error"):
         lines.append(f"start-up hook: {hook['error']}")
+    elif not hook["installed"]:
+        lines.append("start-up hook: not installed (a pip install puts it in site-packages; a source "
+                     "tree or PYTHONPATH does not)")
     else:
-        where = f" ({hook['path']})" if hook.get("path") else ""
-        lines.append(f"start-up hook: {'installed' if hook.get('installed') else 'not installed'}{where}")
+        state = "installed but switched off" if hook["switched_off"] else "installed"
+        lines.append(f"start-up hook: {state} ({hook['path']})")
+        if hook.get("last_failure"):
+            lines.append(f"start-up hook failed in this process: {hook['last_failure']}")
     return lines

@@ -216,10 +216,10 @@ def cmd_bench(args):
     if argv[:1] == ["--"]:
         argv = argv[1:]
     result = bench_main(argv)
-    if isinstance(result, str):  # a benchmark that returns its table instead of printing it
-        print(result)
-        return EXIT_OK
-    return EXIT_OK if result is None else int(result)
+    # main() prints its own table; what it returns is either an exit code or its raw results.
+    if isinstance(result, int) and not isinstance(result, bool):
+        return result
+    return EXIT_FAIL if result is False else EXIT_OK
 
 
 def main(argv=None):

@@ -58,7 +58,8 @@ def test_the_users_force_reaches_the_patched_ranks_only(monkeypatch):
 
 def test_bench_calls_the_benchmarks_main_with_the_rest_of_the_line(tmp_path, monkeypatch, capsys):
     script = tmp_path / "bench_inorder.py"
-    script.write_text("def main(argv):\n    print('bench table', argv)\n    return 0\n")
+    # Like the real benchmark: prints its table, returns its raw results.
+    script.write_text("def main(argv):\n    print('bench table', argv)\n    return [{'mode': 'gather'}]\n")
     monkeypatch.setattr(cli, "BENCH_SCRIPT", str(script))
     assert cli.main(["bench", "--nproc", "2"]) == cli.EXIT_OK
     assert cli.main(["bench", "--", "--help"]) == cli.EXIT_OK
