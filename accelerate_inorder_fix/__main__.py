@@ -1,0 +1,7 @@
+"""`python -m accelerate_inorder_fix`: the same command line as `accelerate-inorder-fix`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
