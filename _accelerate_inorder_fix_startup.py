@@ -13,14 +13,18 @@ Why a top-level module and not part of the package: `import accelerate_inorder_f
 `os` and `sys` (already loaded by `site`), and never raises: a failure prints one line on stderr and
 the process runs unpatched.
 
-`ACCELERATE_INORDER_FIX=0` (or `off`, `false`, `no`) leaves the hook unarmed; the package's own
-`switch()` reads the variable through this module too, so both agree on the words.
+`ACCELERATE_INORDER_FIX=0` (or `off`, `false`, `no`) leaves the hook unarmed, and `import
+accelerate_inorder_fix` does not patch either; the package's own `switch()` reads the variable through
+this module, so both agree on the words. `ACCELERATE_INORDER_FIX_STARTUP=0` leaves only the hook
+unarmed: the package stays installed and patches when a script imports it (the test-suite runs so, to
+see accelerate as it is before any patch).
 """
 
 import os
 import sys
 
 SWITCH_ENV = "ACCELERATE_INORDER_FIX"
+STARTUP_ENV = "ACCELERATE_INORDER_FIX_STARTUP"
 OFF_WORDS = ("0", "off", "false", "no")
 TARGET = "accelerate.logging"
 PACKAGE = "accelerate_inorder_fix"
@@ -28,11 +32,14 @@ PTH_NAME = "_accelerate_inorder_fix_startup.pth"
 
 # The one line of the .pth file, also the line a sitecustomize.py may hold. `site` runs a .pth line
 # that starts with "import" and prints a full traceback when it raises, so the line catches its own
-# failures (this module missing or broken) and says so in one line instead.
+# failures (this module missing or broken) and says so in one line instead. `site` may run the line
+# twice (Python 3.11 reads a venv's site-packages twice), hence the sys.modules check; a failed
+# import leaves None there, so the second pass stays silent too.
 LINE = (
-    "import sys; exec(\"try:\\n import _accelerate_inorder_fix_startup as h; h.install()\\n"
-    "except Exception as e:\\n sys.stderr.write('accelerate-inorder-fix: start-up hook not loaded "
-    "(%s: %s); this process runs unpatched\\\\n' % (type(e).__name__, e))\")"
+    "import sys; exec(\"n = '_accelerate_inorder_fix_startup'\\nif n not in sys.modules:\\n try:\\n"
+    "  __import__(n).install()\\n except Exception as e:\\n  sys.modules[n] = None\\n"
+    "  sys.stderr.write('accelerate-inorder-fix: start-up hook not loaded (%s: %s); this process runs "
+    "unpatched\\\\n' % (type(e).__name__, e))\")"
 )
 
 # What happened in this process; read by `accelerate_inorder_fix.startup.status()`.
@@ -49,6 +56,11 @@ def switch():
     if value == "force":
         return "force"
     return "on"
+
+
+def startup_switch():
+    """'off' when `ACCELERATE_INORDER_FIX_STARTUP` turns the start-up hook (only) off, else 'on'."""
+    return "off" if os.environ.get(STARTUP_ENV, "").strip().lower() in OFF_WORDS else "on"
 
 
 def _report(what, exc):
@@ -168,7 +180,7 @@ def install():
     """
     try:
         state["switch"] = switch()
-        if state["switch"] == "off":
+        if state["switch"] == "off" or startup_switch() == "off":
             return False
         if state["armed"]:
             return True
@@ -181,3 +193,9 @@ def install():
     except Exception as exc:
         _report("could not be installed", exc)
         return False
+
+
+def uninstall():
+    """Disarm the hook in this process (a patch already applied stays: `accelerate_inorder_fix.unpatch()`)."""
+    _disarm()
+    state["armed"] = False

@@ -67,6 +67,7 @@ def status():
 
     - hook_file / hook_installed: the `.pth` of this environment and whether it is there;
     - switch: 'on', 'off' or 'force' from ACCELERATE_INORDER_FIX (the environment override);
+    - startup_switch: 'off' when ACCELERATE_INORDER_FIX_STARTUP turns only the start-up hook off;
     - hook_armed: the hook ran at start-up in this process (False when switched off or not installed);
     - hook_fired: accelerate.logging has been imported since, and the hook handed over to the package;
     - hook_error: the one line a failed hook printed, or None;
@@ -78,6 +79,7 @@ def status():
         "hook_file": hook_path(),
         "hook_installed": hook_installed(),
         "switch": _hook.switch(),
+        "startup_switch": _hook.startup_switch(),
         "hook_armed": _hook.state["armed"],
         "hook_fired": _hook.state["fired"],
         "hook_error": _hook.state["error"],
