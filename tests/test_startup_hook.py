@@ -250,20 +250,43 @@ def test_unimportable_patch_leaves_the_process_running(wheel_venv, tmp_path, bre
     assert "Traceback" not in out.stderr
 
 
-# --- install and uninstall ------------------------------------------------------------------------
+# --- install and uninstall, and the sitecustomize route -------------------------------------------
+# One bare venv (pip and the shared dependencies only) serves these tests in turn; each leaves it bare.
 
 
-def test_uninstall_leaves_no_file(tmp_path, wheel):
-    venv = _make_venv(tmp_path / "venv")
-    before = _files(venv)
-    _pip(venv, "install", "--no-deps", "--no-index", str(wheel))
-    assert HOOK_FILES <= _files(venv)
-    _pip(venv, "uninstall", "-y", "accelerate-inorder-fix")
-    assert _files(venv) - before == set()
+@pytest.fixture(scope="module")
+def bare_venv(tmp_path_factory):
+    return _make_venv(tmp_path_factory.mktemp("bare") / "venv")
 
 
-def test_editable_install_gets_the_hook_and_uninstalls_clean(tmp_path):
-    venv = _make_venv(tmp_path / "venv")
+def test_sitecustomize_route(bare_venv, wheel, tmp_path):
+    # `pip install --target` + PYTHONPATH: a folder whose .pth files Python never reads.
+    target = tmp_path / "target"
+    _pip(bare_venv, "install", "--no-deps", "--no-index", "--target", str(target), str(wheel))
+    env = clean_env("1.15.0", extra_path=[target])
+    code = "import accelerate, sys; print('accelerate_inorder_fix' in sys.modules)"
+    assert run_py(bare_venv, code, env).stdout.strip() == "False"
+
+    line = run_py(bare_venv, "from accelerate_inorder_fix import startup; startup.main(['--print-sitecustomize'])", env)
+    (target / "sitecustomize.py").write_text(line.stdout)
+    code = ("import accelerate, sys\n"
+            "from accelerate_inorder_fix import startup\n"
+            "print(startup.patched_by())\n")
+    out = run_py(bare_venv, code, env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "start-up hook"
+
+
+def test_uninstall_leaves_no_file(bare_venv, wheel):
+    before = _files(bare_venv)
+    _pip(bare_venv, "install", "--no-deps", "--no-index", str(wheel))
+    assert HOOK_FILES <= _files(bare_venv)
+    _pip(bare_venv, "uninstall", "-y", "accelerate-inorder-fix")
+    assert _files(bare_venv) - before == set()
+
+
+def test_editable_install_gets_the_hook_and_uninstalls_clean(bare_venv):
+    venv = bare_venv
     before = _files(venv)
     # hatchling and editables come from the runner's site-packages (the test extra): no network.
     _pip(venv, "install", "--no-deps", "--no-build-isolation", "-e", str(REPO))
