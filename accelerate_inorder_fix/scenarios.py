@@ -150,6 +150,12 @@ def _worker(names):
         # a hang or a wrong sum, as it would in the user's next training step.
         rank.result(name, "sum", rank.all_reduce_sum())
         _say(f"{DONE} {name} r{rank.index}")
+    # Leaving with the process group alive lets gloo's threads meet interpreter teardown; now and
+    # then a rank then aborts ("terminate called without an active exception") after all its work.
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -204,7 +204,7 @@ def _job(venv, version, names, launcher, switch=None, timeout=RUN_TIMEOUT, stall
 ])
 def test_hooked_job_is_ordered_and_hang_free(wheel_venv, version, launcher, names):
     job, verdicts = _job(wheel_venv, version, names, launcher)
-    assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
+    assert job.killed is None and job.returncode == 0, (job, verdicts, job.stderr[-3000:])
     assert verdicts == {name: ("ordered", "") for name in names}, job.lines
     assert hook_lines(job.stderr) == []
 
