@@ -9,7 +9,10 @@
 
 import os
 
-SWITCH_ENV = "ACCELERATE_INORDER_FIX"
+# The start-up hook must read the switch without importing this package (wrapt); the words live in
+# its tiny top-level module and are shared from there.
+from _accelerate_inorder_fix_startup import SWITCH_ENV, switch  # noqa: F401  (re-exported)
+
 MODE_ENV = "ACCELERATE_INORDER_MODE"
 TIMEOUT_ENV = "ACCELERATE_INORDER_TIMEOUT"
 
@@ -17,19 +20,7 @@ MODES = ("barrier", "gather")
 DEFAULT_MODE = "barrier"
 DEFAULT_TIMEOUT = 30.0
 
-_OFF_WORDS = ("0", "off", "false", "no")
-
 _overrides = {}
-
-
-def switch():
-    """'off', 'force' or 'on', from `ACCELERATE_INORDER_FIX`."""
-    value = os.environ.get(SWITCH_ENV, "").strip().lower()
-    if value in _OFF_WORDS:
-        return "off"
-    if value == "force":
-        return "force"
-    return "on"
 
 
 def _env_mode():

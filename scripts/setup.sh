@@ -9,6 +9,8 @@ RELEASES=${AIF_RELEASES:-"0.21.0 0.34.2 1.12.0 1.13.0 1.15.0"}
 
 [ -x "$PY" ] || python3 -m venv "$VENV"
 "$PY" -m pip install -q --disable-pip-version-check torch==2.13.0
+# Re-run every time: the editable install copies the start-up hook (.pth + module) into the venv, and
+# the copy must follow the source. tests/conftest.py keeps that hook off for all but its own tests.
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
 
 # Each release in a folder of its own, put in front of sys.path by the tests (PYTHONPATH).

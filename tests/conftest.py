@@ -3,6 +3,12 @@
 `scripts/setup.sh` installs each release under `.cache/accelerate/<version>`; a job that should run
 against a release gets that folder first on PYTHONPATH. Every job runs under `_launch.run`, which
 kills the job's whole process tree on a stall or at its hard deadline.
+
+The test venv is an install of this package, so its start-up hook would patch every Python process
+the tests start as soon as accelerate is imported. Tests want accelerate as it is until they patch it
+themselves, so the hook stays unarmed in this process and, through `ACCELERATE_INORDER_FIX_STARTUP=0`,
+in every child; `import accelerate_inorder_fix` still patches. Only tests/test_startup_hook.py arms it,
+in venvs of its own.
 """
 
 import os
@@ -11,6 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import _accelerate_inorder_fix_startup as _startup_hook
+
+os.environ["ACCELERATE_INORDER_FIX_STARTUP"] = "0"
+_startup_hook.uninstall()
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
