@@ -1,0 +1,121 @@
+"""Gather mode (`ACCELERATE_INORDER_MODE=gather`): one writer, nobody but it waits, every wait bounded.
+
+Each rank builds its own record with its own logger (`_records`), drops it if its own level or
+filters do, and posts it -- or an empty marker, so the main process need not wait for it -- to its
+queue in the job's c10d store (`_transport`). It returns at once. The main process, at its own call,
+collects that call's records from every rank and emits them in rank order through its handlers
+(`_collector`), waiting at most `ACCELERATE_INORDER_TIMEOUT` seconds for absent ones.
+
+Jobs with no c10d store (a backend torch.distributed does not run) fall back to barrier mode, with
+one warning.
+"""
+
+import atexit
+import collections
+import logging
+import os
+import sys
+
+from accelerate.state import PartialState
+
+from . import _collector, _config, _records, _transport
+
+_state = {"decided": False, "store": None, "outbox": None, "collector": None, "logger": None}
+_counts = collections.Counter()
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _warn(text):
+    from ._inorder import _warn_once
+
+    _warn_once(("gather", text), text)
+
+
+def usable():
+    """True when gather mode can run in this job; otherwise barrier mode, after one warning."""
+    if not _state["decided"]:
+        _state["decided"] = True
+        state = PartialState()
+        store, reason = _transport.open_store(_config.timeout())
+        if store is None:
+            _warn(f"gather mode needs a torch.distributed c10d store ({reason}); using barrier mode")
+        else:
+            _state["store"] = store
+            if state.is_main_process:
+                inbox = _transport.Inbox(store, state.num_processes)
+                _state["collector"] = _collector.Collector(inbox, state.num_processes, _config.timeout(), _warning)
+                atexit.register(_flush)
+            else:
+                _state["outbox"] = _transport.Outbox(store, state.process_index)
+    return _state["store"] is not None
+
+
+def _skipped_file(filename):
+    # Frames between the user's code and us: logging's LoggerAdapter, accelerate's adapter (its
+    # `warning_once`), wrapt's pure-Python fallback, and this package.
+    return (
+        filename == logging.__file__
+        or filename.startswith(_PACKAGE_DIR)
+        or filename.endswith(os.path.join("accelerate", "logging.py"))
+        or os.sep + "wrapt" + os.sep in filename
+    )
+
+
+def _call_site():
+    """(file name, function, line) of the code that called the logger: the same on every rank."""
+    frame = sys._getframe(2)
+    while frame is not None and _skipped_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return ("?", "?", 0)
+    return (os.path.basename(frame.f_code.co_filename), frame.f_code.co_name, frame.f_lineno)
+
+
+def _warning(text):
+    """The main process's warning about a block: to its stream, through the in_order logger."""
+    record = _collector.warning_record(_state["logger"] or "root", text)
+    try:
+        _records.emit(record)
+    except Exception as exc:  # a broken handler: say it on stderr rather than lose it
+        _warn(f"{text} (handler failed: {exc!r})")
+
+
+def log(adapter, level, msg, args, kwargs):
+    """One rank's in_order call in gather mode. Called directly by the wrapper (`_inorder`)."""
+    site = _call_site()
+    _counts[site] += 1
+    identity = (site, _counts[site])
+    try:
+        record = _records.capture(adapter, level, msg, args, kwargs)
+    except Exception as exc:  # a filter or formatter that raises: the call still counts, as a marker
+        _warn(f"a log record could not be built: {exc!r}")
+        record = None
+    collector = _state["collector"]
+    if collector is not None:
+        _state["logger"] = adapter.logger.name
+        try:
+            collector.block(identity, record)
+        except Exception as exc:  # the store went away: emit our own record, never raise
+            _warn(f"gather mode could not collect the other ranks' records: {exc!r}")
+            if record is not None:
+                _records.emit(record)
+        return None
+    try:
+        _state["outbox"].post(_records.to_bytes(identity, record))
+    except Exception as exc:  # undeliverable: print it here rather than lose it
+        _warn(f"gather mode could not send a record to the main process, printing it locally: {exc!r}")
+        if record is not None:
+            _records.emit(record)
+    return None
+
+
+def _flush():
+    collector = _state["collector"]
+    if collector is None:
+        return
+    try:
+        collector.flush()
+    except Exception as exc:  # the store is gone at exit: nothing more can be delivered
+        _warn(f"gather mode could not flush records at exit: {exc!r}")
+
