@@ -23,9 +23,6 @@ from . import _collector, _config, _records, _transport
 _state = {"decided": False, "store": None, "outbox": None, "collector": None, "logger": None}
 _counts = collections.Counter()
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
 def _warn(text):
     from ._inorder import _warn_once
 
@@ -51,21 +48,22 @@ def usable():
     return _state["store"] is not None
 
 
-def _skipped_file(filename):
-    # Frames between the user's code and us: logging's LoggerAdapter, accelerate's adapter (its
-    # `warning_once`), wrapt's pure-Python fallback, and this package.
-    return (
-        filename == logging.__file__
-        or filename.startswith(_PACKAGE_DIR)
-        or filename.endswith(os.path.join("accelerate", "logging.py"))
-        or os.sep + "wrapt" + os.sep in filename
-    )
+def _adapter_frame(filename):
+    # Frames between the user's code and the wrapper: logging's LoggerAdapter methods, accelerate's
+    # own adapter (`warning_once`).
+    return filename == logging.__file__ or filename.endswith(os.path.join("accelerate", "logging.py"))
 
 
 def _call_site():
-    """(file name, function, line) of the code that called the logger: the same on every rank."""
-    frame = sys._getframe(2)
-    while frame is not None and _skipped_file(frame.f_code.co_filename):
+    """(file name, function, line) of the code that called the logger: the same on every rank.
+
+    Only the call's identity across ranks; the record's own caller info comes from the logger.
+    """
+    from . import _inorder
+
+    # This function, `log`, the wrapper, then wrapt's frames if it runs without its C extension.
+    frame = sys._getframe(3 + _inorder.wrapper_frames)
+    while frame is not None and _adapter_frame(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
         return ("?", "?", 0)
