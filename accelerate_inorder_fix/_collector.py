@@ -72,7 +72,10 @@ class Collector:
         block = {0: own}
         block.update(self.pending.pop(identity, {}))
         self.pending[identity] = {}
-        self._collect(identity, block)
+        try:
+            self._collect(identity, block)
+        except Exception as exc:  # the store went away: what was collected still goes out
+            self.warn(f"in_order call at {describe(identity)}: could not read the other ranks' records ({exc!r})")
         self.pending.pop(identity, None)
         self._emit_block(block)
         missing = [r for r in range(self.world_size) if r not in block]

@@ -92,6 +92,7 @@ def log(adapter, level, msg, args, kwargs):
     collector = _state["collector"]
     if collector is not None:
         _state["logger"] = adapter.logger.name
+        collector.timeout = _config.timeout()  # `configure(timeout=...)` may come after the first call
         try:
             collector.block(identity, record)
         except Exception as exc:  # the store went away: emit our own record, never raise
