@@ -39,9 +39,9 @@ def test_core_scenarios_ordered_in_gather_mode(version, nproc):
     assert all(v == ("ordered", "") for v in verdicts.values()), verdicts
 
 
-def _fault_job(name, mode, version="1.15.0", nproc=4, timeout=90):
+def _fault_job(name, mode, version="1.15.0", nproc=4, timeout=90, stall=20):
     return _launch.run_scenarios([name], nproc, True, mode=mode, pythonpath=_pythonpath(version),
-                                 timeout=timeout, stall=20, base_env=_fault_env())
+                                 timeout=timeout, stall=stall, base_env=_fault_env())
 
 
 @pytest.mark.parametrize("version", ["0.21.0", "1.15.0"])
@@ -53,7 +53,7 @@ def test_subset_call_warns_and_keeps_working(version):
 
 def test_subset_call_hangs_in_barrier_mode():
     """The same job in barrier mode (upstream's synchronisation) deadlocks: the test can fail."""
-    job = _fault_job("subset", "barrier", timeout=60)
+    job = _fault_job("subset", "barrier", timeout=60, stall=12)
     assert job.killed is not None
     assert scenarios.check_fault("subset", 4, job.lines, FAULT_TIMEOUT)[0] == "deadlock"
 
