@@ -20,8 +20,9 @@ from accelerate.state import PartialState
 
 from . import _collector, _config, _records, _transport
 
-_state = {"decided": False, "store": None, "outbox": None, "collector": None, "logger": None}
+_state = {"decided": False, "usable": False, "store": None, "outbox": None, "collector": None, "logger": None}
 _counts = collections.Counter()
+
 
 def _warn(text):
     from ._inorder import _warn_once
@@ -38,14 +39,14 @@ def usable():
         if store is None:
             _warn(f"gather mode needs a torch.distributed c10d store ({reason}); using barrier mode")
         else:
-            _state["store"] = store
+            _state["store"], _state["usable"] = store, True
             if state.is_main_process:
                 inbox = _transport.Inbox(store, state.num_processes)
                 _state["collector"] = _collector.Collector(inbox, state.num_processes, _config.timeout(), _warning)
-                atexit.register(_flush)
             else:
                 _state["outbox"] = _transport.Outbox(store, state.process_index)
-    return _state["store"] is not None
+            atexit.register(_at_exit)
+    return _state["usable"]
 
 
 def _adapter_frame(filename):
@@ -101,6 +102,8 @@ def log(adapter, level, msg, args, kwargs):
                 _records.emit(record)
         return None
     try:
+        if _state["outbox"] is None:  # at exit, after our connection closed: nobody would read it
+            raise RuntimeError("the process is exiting")
         _state["outbox"].post(_records.to_bytes(identity, record))
     except Exception as exc:  # undeliverable: print it here rather than lose it
         _warn(f"gather mode could not send a record to the main process, printing it locally: {exc!r}")
@@ -109,12 +112,16 @@ def log(adapter, level, msg, args, kwargs):
     return None
 
 
-def _flush():
-    collector = _state["collector"]
-    if collector is None:
-        return
-    try:
-        collector.flush()
-    except Exception as exc:  # the store is gone at exit: nothing more can be delivered
-        _warn(f"gather mode could not flush records at exit: {exc!r}")
+def _at_exit():
+    """Main process: emit what was delivered and not yet emitted. Every rank: close our connection.
 
+    Closing it here, while the store's server is certainly up, rather than at interpreter teardown,
+    keeps our connection out of the launcher's shutdown.
+    """
+    collector = _state["collector"]
+    if collector is not None:
+        try:
+            collector.flush()
+        except Exception as exc:  # the store is gone at exit: nothing more can be delivered
+            _warn(f"gather mode could not flush records at exit: {exc!r}")
+    _state.update(store=None, outbox=None, collector=None)
