@@ -87,7 +87,9 @@ def log_in_order(wrapped, instance, args, kwargs):
     if _config.mode() == "gather":
         from . import _gather  # loaded only by the jobs that ask for it
 
-        return _gather.log(instance, level, msg, args, kwargs)
+        # Called from here, like `_emit`: the stacklevel above holds for it too.
+        if _gather.usable():
+            return _gather.log(instance, level, msg, args, kwargs)
 
     rank = state.process_index
     for turn in range(state.num_processes):

@@ -127,6 +127,44 @@ SCENARIOS = {
 }
 
 
+# Fault scenarios: user errors and lost ranks, which only gather mode survives (barrier mode hangs,
+# as upstream does). Kept apart so that running "all scenarios" stays safe in every mode.
+
+
+def subset(r):
+    """The last rank skips call 1 (a user error); a collective and another in_order call follow."""
+    import time
+
+    if r.index != r.size - 1:
+        r.stagger()
+        start = time.monotonic()
+        r.log.info(r.tag("subset", 1), in_order=True)
+        r.result("subset", "seconds", round(time.monotonic() - start, 3))
+    r.result("subset", "sum", r.all_reduce_sum())
+    r.stagger()
+    r.log.info(r.tag("subset", 2), in_order=True)
+
+
+def early_exit(r):
+    """The last rank leaves before call 1: cleanly (exit code 0) or, with `AIF_CRASH=kill`, killed.
+
+    The others make the call and end without another collective (it could not complete).
+    """
+    import signal
+
+    if r.index == r.size - 1:
+        if os.environ.get("AIF_CRASH") == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(0)
+    r.stagger()
+    r.log.info(r.tag("early_exit", 1), in_order=True)
+    _say(f"{DONE} early_exit r{r.index}")
+    return "stop"
+
+
+FAULT_SCENARIOS = {f.__name__: f for f in (subset, early_exit)}
+
+
 def _worker(names):
     # AIF_PATCH=1: import the package before accelerate; =late: after the logger exists (loggers
     # created before the patch must be covered too); anything else: leave accelerate as it is.
@@ -150,7 +188,8 @@ def _worker(names):
     if patch == "late":
         import accelerate_inorder_fix  # noqa: F401
     for name in names:
-        SCENARIOS[name](rank)
+        if SCENARIOS.get(name, FAULT_SCENARIOS.get(name))(rank) == "stop":
+            return  # the scenario ended the job on this rank (a lost rank: no collective can follow)
         # A collective after every scenario: a rank that skipped or added a barrier shows up here as
         # a hang or a wrong sum, as it would in the user's next training step.
         rank.result(name, "sum", rank.all_reduce_sum())
@@ -230,6 +269,51 @@ def check(name, nproc, lines):
             tail = next((line for line in block if line.startswith("ValueError")), None)
             if not block or not block[0].startswith("Traceback") or tail != f"ValueError: boom r{rank}":
                 return "traceback", f"record of rank {rank} is not followed by its own traceback"
+    return "ordered", ""
+
+
+_WARNING = re.compile(r"accelerate-inorder-fix: .*no record from rank\(s\) (?P<ranks>[\d, ]+) within")
+
+
+def warned_ranks(lines):
+    """[[ranks named by one warning], ...] in output order."""
+    return [[int(x) for x in m["ranks"].split(",")] for m in map(_WARNING.search, lines) if m]
+
+
+def check_fault(name, nproc, lines, timeout):
+    """Verdict for a fault scenario in gather mode: ('ordered', '') or (problem, detail).
+
+    Problems as in `check`, plus 'warning' (the absent rank is not named exactly once, in the
+    right place) and 'slow' (a rank's call took longer than the timeout + 1 s).
+    """
+    last = nproc - 1
+    others = list(range(last))
+    finished = done_ranks(lines, name)
+    want_done = set(others) if name == "early_exit" else set(range(nproc))
+    if finished != want_done:
+        return "deadlock", f"ranks {sorted(want_done - finished)} never finished"
+    want_sum = nproc * (nproc + 1) / 2
+    for line in lines:
+        if line.startswith(f"{RESULT} {name} r"):
+            key, value = line.split()[3].split("=", 1)
+            if key == "sum" and json.loads(value) != want_sum:
+                return "desync", f"all_reduce gave {value}, expected {want_sum}"
+            if key == "seconds" and json.loads(value) > timeout + 1:
+                return "slow", line
+    records = parse(lines, name)
+    got = [(call, rank) for call, rank, *_ in records]
+    wanted = [(1, r) for r in others] + ([(2, r) for r in range(nproc)] if name == "subset" else [])
+    if got != wanted:
+        return "unordered", f"records {got}, expected {wanted}"
+    for call, rank, want, where, _ in records:
+        if want != where:
+            return "caller", f"record {call} of rank {rank} reports {where}, the call is at {want}"
+    warnings = [(i, ranks) for i, line in enumerate(lines) for ranks in warned_ranks([line])]
+    if [ranks for _, ranks in warnings] != [[last]]:
+        return "warning", f"warnings name {[ranks for _, ranks in warnings]}, expected [[{last}]]"
+    end_of_call_1 = records[len(others) - 1][4]
+    if not end_of_call_1 < warnings[0][0] < (records[len(others)][4] if name == "subset" else len(lines)):
+        return "warning", "the warning is not right after the block it is about"
     return "ordered", ""
 
 
