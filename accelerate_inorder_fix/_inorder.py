@@ -23,15 +23,21 @@ wrapper_frames = 0
 # Code of upstream's `warning_once` (None before 0.24): one more frame of accelerate's own between
 # the user and `log`, which upstream reports as the caller. Set by the wiring.
 warning_once_code = None
+# True when the installed body is one of the three known upstream ones (False: forced). Set by the wiring.
+known_body = True
 _WARNING_CODE = logging.LoggerAdapter.warning.__code__
 
 
-def _default_stacklevel():
-    """Upstream's default (2: the frame above `log`), moved past `warning_once` when it is there."""
-    frame = sys._getframe(2 + wrapper_frames)  # the frame that called `log`
+def _default_stacklevel(depth):
+    """Upstream's default (2: the frame above `log`), moved past `warning_once` when it is there.
+
+    `depth`: frames between the caller of this function and `log_in_order`.
+    """
+    frame = sys._getframe(2 + depth + wrapper_frames)  # the frame that called `log`
     if frame.f_code is _WARNING_CODE and frame.f_back is not None and frame.f_back.f_code is warning_once_code:
         return 3
     return 2
+
 
 _warned = set()
 
@@ -64,21 +70,43 @@ def _barrier(state):
     return True
 
 
+def _delegate(wrapped, args, kwargs):
+    """Run upstream's own body. It sits one frame below us, so the caller moves up by one."""
+    kwargs["stacklevel"] = (kwargs.get("stacklevel") or _default_stacklevel(1)) + 1 + wrapper_frames
+    return wrapped(*args, **kwargs)
+
+
 def log_in_order(wrapped, instance, args, kwargs):
     """wrapt wrapper for `MultiProcessAdapter.log(level, msg, *args, **kwargs)`."""
-    if not kwargs.get("in_order") or not PartialState._shared_state:
-        # Upstream's own body, including its RuntimeError when the state is not initialised. It runs
-        # one frame below us, so the caller it reports moves up by one: the user's call site.
-        kwargs["stacklevel"] = kwargs.get("stacklevel") or _default_stacklevel()
-        kwargs["stacklevel"] += 1 + wrapper_frames
-        return wrapped(*args, **kwargs)
+    if not PartialState._shared_state or not known_body:
+        # Upstream's RuntimeError, word for word; or a forced unknown body, whose plain path we
+        # cannot restate (its in_order path is replaced all the same).
+        if not kwargs.get("in_order"):
+            return _delegate(wrapped, args, kwargs)
+        if not PartialState._shared_state:
+            return _delegate(wrapped, args, kwargs)
+    elif not kwargs.get("in_order"):
+        # The plain path, every log call of a job. The three known upstream bodies agree on it:
+        # drop what the level drops, gate on main_process_only, emit through process(). Restated
+        # here rather than delegated, so no extra frame sits between the user and logging (a
+        # frame costs findCaller more than this whole wrapper).
+        level = args[0]
+        if not instance.isEnabledFor(level):
+            return None
+        kwargs.pop("in_order", None)
+        if not instance._should_log(kwargs.pop("main_process_only", True)):
+            return None
+        kwargs["stacklevel"] = (kwargs.get("stacklevel") or _default_stacklevel(0)) + wrapper_frames
+        msg, kwargs = instance.process(args[1], kwargs)
+        instance.logger.log(level, msg, *args[2:], **kwargs)
+        return None
 
     level, msg, *args = args
     kwargs.pop("in_order")
     kwargs.pop("main_process_only", None)
     # Upstream's stacklevel convention (0.30.1+): 1 is its own `log` frame. Ours is `_emit` (or the
     # gather code) called from this wrapper: one frame more.
-    kwargs["stacklevel"] = (kwargs.get("stacklevel") or _default_stacklevel()) + 1 + wrapper_frames
+    kwargs["stacklevel"] = (kwargs.get("stacklevel") or _default_stacklevel(0)) + 1 + wrapper_frames
 
     state = PartialState()
     if state.num_processes <= 1:

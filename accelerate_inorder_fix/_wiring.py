@@ -72,7 +72,8 @@ def _apply(module=None):
         return
     original = cls.__dict__.get("log")
     force = _state["force"] or _config.switch() == "force"
-    if original is None or (_fingerprint.known_release_line(original) is None and not force):
+    known = original is not None and _fingerprint.known_release_line(original) is not None
+    if not known and (original is None or not force):
         if not _state["warned"]:
             _state["warned"] = True
             warnings.warn(
@@ -85,6 +86,7 @@ def _apply(module=None):
         return
     from . import _inorder
 
+    _inorder.known_body = known
     _inorder.wrapper_frames = _count_wrapper_frames()
     warning_once = getattr(cls.__dict__.get("warning_once"), "__wrapped__", None)
     _inorder.warning_once_code = getattr(warning_once, "__code__", None)
