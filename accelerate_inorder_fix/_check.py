@@ -19,7 +19,7 @@ import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from . import _config, _launch, scenarios
+from . import _launch, scenarios
 
 CHECK_MARKER_ENV = "AIF_CHECK_ID"
 # Jobs run side by side: starting ranks is CPU work, while a deadlocked job only waits for its
@@ -162,17 +162,6 @@ def _job_env(check_id):
     return env
 
 
-def _scenario_env(patched, mode, base):
-    """`_launch.scenario_env`, keeping the user's `ACCELERATE_INORDER_FIX=force` for the patched run.
-
-    Without it, `check` could never show the fix at work on a log body the guard does not know.
-    """
-    env = _launch.scenario_env(patched, mode, base=base)
-    if patched and _config.switch() == "force":
-        env[_config.SWITCH_ENV] = "force"
-    return env
-
-
 @contextlib.contextmanager
 def _sigint_ignored():
     """Ignore Ctrl-C for the duration (only the main thread may change signal handlers)."""
@@ -203,7 +192,7 @@ class Check:
             if self.cancelled.is_set():
                 return None
             job = _launch.run(_launch.launch_command([_launch.SCENARIO_SCRIPT, ",".join(names)], self.nproc),
-                              env=_scenario_env(patched, self.mode, env), timeout=HARD_DEADLINE, stall=self.stall)
+                              env=_launch.scenario_env(patched, self.mode, base=env), timeout=HARD_DEADLINE, stall=self.stall)
             if not _address_clash(job):
                 break
         return job

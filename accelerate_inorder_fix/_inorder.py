@@ -78,14 +78,12 @@ def _delegate(wrapped, args, kwargs):
 
 def log_in_order(wrapped, instance, args, kwargs):
     """wrapt wrapper for `MultiProcessAdapter.log(level, msg, *args, **kwargs)`."""
-    if not PartialState._shared_state or not known_body:
-        # Upstream's RuntimeError, word for word; or a forced unknown body, whose plain path we
-        # cannot restate (its in_order path is replaced all the same).
-        if not kwargs.get("in_order"):
-            return _delegate(wrapped, args, kwargs)
-        if not PartialState._shared_state:
-            return _delegate(wrapped, args, kwargs)
-    elif not kwargs.get("in_order"):
+    in_order = kwargs.get("in_order")
+    if not PartialState._shared_state or not (in_order or known_body):
+        # Upstream's RuntimeError, word for word; or the plain path of a forced unknown body, which
+        # we cannot restate (its in_order path is replaced all the same).
+        return _delegate(wrapped, args, kwargs)
+    if not in_order:
         # The plain path, every log call of a job. The three known upstream bodies agree on it:
         # drop what the level drops, gate on main_process_only, emit through process(). Restated
         # here rather than delegated, so no extra frame sits between the user and logging (a

@@ -15,6 +15,8 @@ import threading
 import time
 import uuid
 
+from . import _config
+
 SCENARIO_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios.py")
 MARKER_ENV = "AIF_JOB_ID"
 
@@ -140,11 +142,13 @@ def run(cmd, env=None, timeout=120.0, stall=None, cwd=None):
 def scenario_env(patched, mode=None, pythonpath=(), base=None):
     """Environment for a scenario job: patched by import or not at all (start-up hook off).
 
-    `patched="late"` imports the package only after the scenarios' logger exists.
+    `patched="late"` imports the package only after the scenarios' logger exists. A user's
+    `ACCELERATE_INORDER_FIX=force` reaches the patched ranks: without it, a check could never show the
+    fix at work on a `log` body the guard does not know.
     """
     env = dict(os.environ if base is None else base)
     env["AIF_PATCH"] = patched if patched == "late" else ("1" if patched else "0")
-    env["ACCELERATE_INORDER_FIX"] = "on" if patched else "0"
+    env[_config.SWITCH_ENV] = ("force" if _config.switch() == "force" else "on") if patched else "0"
     if mode:
         env["ACCELERATE_INORDER_MODE"] = mode
     if pythonpath:

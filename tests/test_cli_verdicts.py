@@ -2,7 +2,7 @@
 
 import argparse
 
-from accelerate_inorder_fix import _check, cli, scenarios
+from accelerate_inorder_fix import _check, _launch, cli, scenarios
 from accelerate_inorder_fix._launch import Job
 
 
@@ -51,9 +51,9 @@ def test_table_lines_up_its_columns():
 
 def test_the_users_force_reaches_the_patched_ranks_only(monkeypatch):
     monkeypatch.setenv("ACCELERATE_INORDER_FIX", "force")
-    assert _check._scenario_env(True, "gather", {})["ACCELERATE_INORDER_FIX"] == "force"
-    assert _check._scenario_env(True, "gather", {})["ACCELERATE_INORDER_MODE"] == "gather"
-    assert _check._scenario_env(False, None, {})["ACCELERATE_INORDER_FIX"] == "0"
+    assert _launch.scenario_env(True, "gather", base={})["ACCELERATE_INORDER_FIX"] == "force"
+    assert _launch.scenario_env(True, "gather", base={})["ACCELERATE_INORDER_MODE"] == "gather"
+    assert _launch.scenario_env(False, base={})["ACCELERATE_INORDER_FIX"] == "0"
 
 
 def test_bench_calls_the_benchmarks_main_with_the_rest_of_the_line(tmp_path, monkeypatch, capsys):
