@@ -21,10 +21,16 @@ import pytest
 import _accelerate_inorder_fix_startup as _startup_hook
 
 
+REPO = Path(__file__).resolve().parents[1]
+
 os.environ["ACCELERATE_INORDER_FIX_STARTUP"] = "0"
 _startup_hook.uninstall()
+if Path(_startup_hook.__file__).resolve().parent != REPO:
+    # An install's copy, loaded at start-up by an older hook's .pth: the tests are of the repo's module.
+    del sys.modules[_startup_hook.__name__]
+    import _accelerate_inorder_fix_startup as _startup_hook
 
-REPO = Path(__file__).resolve().parents[1]
+    _startup_hook.uninstall()
 CACHE = REPO / ".cache"
 RELEASES = [
     line.strip()
@@ -32,6 +38,9 @@ RELEASES = [
     if line.strip() and not line.startswith("#")
 ]
 LATEST = RELEASES[-1]
+# CI's release matrix runs the job tier once per release: AIF_TEST_RELEASE=<version> keeps the tests of that
+# release (a test belongs to the first release among its parameters; a test with none, to the latest).
+SELECTED_RELEASE = os.environ.get("AIF_TEST_RELEASE", "").strip()
 SCRIPTS = Path(__file__).resolve().parent / "jobs" / "scripts"
 
 
@@ -69,3 +78,19 @@ def run_script(path, *args, version=LATEST, env=None, timeout=60):
     return subprocess.run(
         [sys.executable, str(path), *args], env=full_env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def release_of(item):
+    """The release a collected test belongs to, for AIF_TEST_RELEASE."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return next((v for v in params.values() if isinstance(v, str) and v in RELEASES), LATEST)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not SELECTED_RELEASE:
+        return
+    if SELECTED_RELEASE not in RELEASES:
+        raise pytest.UsageError(f"AIF_TEST_RELEASE={SELECTED_RELEASE!r} is not in scripts/releases.txt")
+    other = [item for item in items if release_of(item) != SELECTED_RELEASE]
+    config.hook.pytest_deselected(items=other)
+    items[:] = [item for item in items if release_of(item) == SELECTED_RELEASE]
