@@ -10,9 +10,9 @@ patches `MultiProcessAdapter.log` at once. So every process of the environment t
 is patched before its first `get_logger(...).info(...)`, including the ranks that `torchrun`,
 `accelerate launch` and `multiprocessing` start, and no training script changes.
 
-Why the line and not this module at start-up: finding, reading and running even an empty module costs
-more than the whole budget (0.3 ms per `python -c pass`, benchmarks/RESULTS-startup.md); a process that
-never imports accelerate pays only for the line. Why a top-level module and not part of the package:
+Why the line and not this module at start-up: finding, reading and running even an empty module at
+start-up costs about as much as the whole budget (0.3 ms per `python -c pass`, benchmarks/RESULTS-startup.md);
+a process that never imports accelerate pays only for the line. Why a top-level module and not part of the package:
 `import accelerate_inorder_fix` imports wrapt and patches; this module imports nothing beyond `os` and
 `sys` (already loaded by `site`).
 

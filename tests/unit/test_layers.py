@@ -1,6 +1,7 @@
 """Promise: the package's layers point one way (import-linter's contracts in pyproject.toml hold) and no import
 cycle exists anywhere in it, function-local imports included (grimp reads every import statement)."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ def test_import_linter_contracts_are_kept():
     lint_imports = Path(sys.executable).parent / "lint-imports"
     proc = subprocess.run([str(lint_imports), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "0 broken" in proc.stdout and "Contracts: 3 kept" in proc.stdout, proc.stdout
+    assert re.search(r"Contracts: [1-9]\d* kept, 0 broken", proc.stdout), proc.stdout
 
 
 def _graph():
