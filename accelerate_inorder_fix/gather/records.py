@@ -36,6 +36,11 @@ MAX_ITEMS = 100_000
 # attribute with one of these names is dropped, never set on the record.
 _RESERVED = frozenset(dir(logging.LogRecord))
 
+# What the main process itself relies on when it emits a record (routing, level, message, traceback):
+# a payload without it is refused; a record sent from a rank always has it.
+_REQUIRED = {"name": (str,), "levelno": (int,), "msg": (str,)}
+_TEXT = {"exc_text": (str, type(None)), "stack_info": (str, type(None))}
+
 _TRACEBACKS = logging.Formatter()
 
 
@@ -144,6 +149,9 @@ def _record_data(record: logging.LogRecord) -> dict[str, Any]:
         data["exc_text"] = _TRACEBACKS.formatException(record.exc_info)
     data["exc_info"] = None
     data.pop("message", None)
+    for key in _TEXT:  # whatever a record factory put there, the main process gets text (or None)
+        if type(data.get(key)) not in _TEXT[key]:
+            data[key] = _repr(data[key])
     return data
 
 
@@ -187,18 +195,13 @@ def _identity(call: Any) -> tuple:
     raise MalformedRecord("its call identity is not ((file, function, line), count)")
 
 
-# What the main process itself relies on when it emits a record (routing, level, message, traceback).
-_REQUIRED = {"name": (str,), "levelno": (int,), "msg": (str,)}
-_OPTIONAL = {"exc_text": (str, type(None)), "stack_info": (str, type(None))}
-
-
 def _record(data: Any) -> logging.LogRecord:
     if type(data) is not dict:
         raise MalformedRecord("its record is not a JSON object")
     for key, kinds in _REQUIRED.items():
         if type(data.get(key)) not in kinds:
             raise MalformedRecord(f"its record's {key!r} is missing or not a {kinds[0].__name__}")
-    for key, kinds in _OPTIONAL.items():
+    for key, kinds in _TEXT.items():
         if type(data.get(key)) not in kinds:
             raise MalformedRecord(f"its record's {key!r} is not text")
     if not _RESERVED.isdisjoint(data):
@@ -216,7 +219,7 @@ def from_bytes(payload: bytes) -> tuple[tuple, Optional[logging.LogRecord]]:
     if not isinstance(payload, (bytes, bytearray)):
         raise MalformedRecord(f"a payload of type {type(payload).__name__}, not bytes")
     try:
-        document = json.loads(bytes(payload).decode("utf-8"))
+        document = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MalformedRecord(f"{len(payload)} bytes that are not JSON ({type(exc).__name__})") from None
     if type(document) is not dict or type(document.get("v")) is not int or document["v"] != VERSION:

@@ -159,6 +159,34 @@ def test_a_value_whose_repr_fails_or_cannot_be_written_does_not_cost_the_record(
     assert isinstance(got.huge, str) and "could not be sent" in got.huge
 
 
+def test_attributes_a_record_factory_adds_arrive_as_data_or_repr():
+    """An attribute that could not be rebuilt in the main process arrives as its repr, the record with it."""
+
+    class Handle:  # defined here: the main process could never import it
+        def __repr__(self):
+            return "<Handle 7>"
+
+    default = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs):
+        record = default(*args, **kwargs)
+        record.rank_info, record.handle, record.exc_text = {"rank": 3, "local": [0, 1]}, Handle(), ["odd"]
+        return record
+
+    logging.setLogRecordFactory(factory)
+    try:
+        original = _record()
+    finally:
+        logging.setLogRecordFactory(default)
+    got = _trip(original)
+    assert (got.getMessage(), got.rank_info, got.handle, got.exc_text) == (
+        "hello world",
+        {"rank": 3, "local": [0, 1]},
+        "<Handle 7>",
+        "['odd']",
+    )
+
+
 def test_an_intenum_level_arrives_as_an_int():
     got = _trip(_record(level=Level.LOUD))
     assert got.levelno == 35 and type(got.levelno) is int
