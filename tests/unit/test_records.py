@@ -252,6 +252,10 @@ def test_a_payload_naming_a_module_never_imports_it(tmp_path, monkeypatch):
     with pytest.raises(records.MalformedRecord):
         records.from_bytes(payload)
     assert set(sys.modules) == before and not (tmp_path / "imported").exists()
+    with pytest.raises(AttributeError):  # the control: unpickling imports the module (then misses the name)
+        pickle.loads(payload)
+    assert (tmp_path / "imported").exists()
+    monkeypatch.delitem(sys.modules, "aif_canary_module")
 
 
 def _valid():
