@@ -279,6 +279,8 @@ FOREIGN = {
     "garbage": b"\x00\xffnot a record\xfe",
     "latin-1": "{'é'}".encode("latin-1"),
     "utf-16 json": json.dumps({"v": 1}).encode("utf-16"),
+    "ascii pickle (protocol 0)": pickle.dumps((IDENTITY, {"msg": "hi"}), protocol=0),
+    "pickle of a record's data": pickle.dumps((IDENTITY, {"msg": "hi", "name": "x", "levelno": 20}), protocol=4),
     "json null": b"null",
     "json list": b"[1, 2]",
     "json string": b'"record"',
