@@ -186,7 +186,9 @@ def test_barrier_mode_with_bad_settings_threads_and_a_disagreeing_rank(version):
     for n in range(1, 5):
         expect(found, "payloads", n, ALL, by=None)
     assert not found, sorted(found)[:20]
-    assert len(warnings(job.stderr, r"ACCELERATE_INORDER_MODE='gahter' is not valid .*; using 'barrier'")) == NPROC
+    # Every process but rank 1 reads the variable (rank 1's configure() wins over it).
+    said = warnings(job.stderr, r"ACCELERATE_INORDER_MODE='gahter' is not valid .*; using 'barrier'")
+    assert len(said) == NPROC - 1, job.stderr
     for value in ("0", "inf", "abc", "-1"):
         assert len(warnings(job.stderr, rf"ACCELERATE_INORDER_TIMEOUT='{value}' is not valid")) == 1, job.stderr
     said = warnings(job.stderr, r"in_order mode setting")
@@ -263,7 +265,7 @@ def test_unrebuildable_record_attribute_arrives_as_its_repr():
 
 
 def test_bad_switch_words_are_reported_once():
-    code = "import accelerate_inorder_fix as f; print(f.is_patched())"
+    code = "import accelerate_inorder_fix as f, accelerate.logging; print(f.is_patched())"
     env = {"ACCELERATE_INORDER_FIX": "of", "ACCELERATE_INORDER_FIX_STARTUP": "nope"}
     proc = run_python(code, env=env)
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr

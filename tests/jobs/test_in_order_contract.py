@@ -56,6 +56,8 @@ def test_patched_scenarios_are_ordered(version, nproc):
     bad = {name: v for name, v in _verdicts(job, nproc, NAMES).items() if v[0] != "ordered"}
     assert not bad, f"{version} x{nproc}: {bad}"
     assert job.returncode == 0, job.stderr[-3000:]
+    # Barrier mode: each rank writes its own records.
+    assert all(by == rank for name in NAMES for (_, rank), by in scenarios.writers(job.lines, name).items())
 
 
 @pytest.mark.parametrize("version", RELEASES)
