@@ -27,7 +27,7 @@ def _run(venv, script, version, timeout, **env):
 
 def _patched_processes(stderr):
     """How many processes imported the package (one `import time:` line each)."""
-    return len(re.findall(r"^import time:.*\| accelerate_inorder_fix$", stderr, re.M))
+    return len(re.findall(r"^import time:.*\|\s+accelerate_inorder_fix$", stderr, re.M))
 
 
 @pytest.mark.parametrize("version", ["1.12.0", "1.15.0"])
