@@ -27,6 +27,7 @@ RECORD = re.compile(
     r"(?P<text>.*) @@(?P<func>\w+) by=r(?P<by>\d+)$"
 )
 ALL = range(NPROC)
+THREAD_CALLS = 20  # per thread, 3 threads per rank (fault_ranks.THREAD_CALLS)
 
 
 def records(lines):
@@ -132,7 +133,7 @@ def test_gather_mode_emits_every_record_exactly_once_under_faults(version):
     expect(found, "filter_raises", 2, ALL)
     assert len(warnings(job.stderr, r"handlers raised on rank 2's in_order record")) == 1, job.stderr[-3000:]
     for thread in range(3):
-        for call in range(1, 5):
+        for call in range(1, THREAD_CALLS + 1):
             expect(found, "threads", call, ALL, thread=thread)
     # The slow rank: on its own after the block that missed it, named by one warning, nobody waits past the bound.
     expect(found, "slow_rank", 1, ALL)
@@ -180,7 +181,7 @@ def test_barrier_mode_with_bad_settings_threads_and_a_disagreeing_rank(version):
     expect(found, "plain", 1, ALL, by=None)
     expect(found, "plain", 2, ALL, by=None)
     for thread in range(3):
-        for call in range(1, 5):
+        for call in range(1, THREAD_CALLS + 1):
             expect(found, "threads", call, ALL, by=None, thread=thread)
     expect(found, "quiet_main", 1, [1, 2, 3], by=None)
     for n in range(1, 5):
@@ -237,7 +238,7 @@ def test_two_nodes_disagreeing_on_mode_use_the_main_process_mode(tmp_path):
     expect(found, "plain", 1, ALL, by=None)
     expect(found, "plain", 2, ALL, by=None)
     for thread in range(3):
-        for call in range(1, 5):
+        for call in range(1, THREAD_CALLS + 1):
             expect(found, "threads", call, ALL, by=None, thread=thread)
     assert not found
     assert not warnings(err[0], "in_order mode setting"), err[0]

@@ -28,7 +28,7 @@ LOGGER = "aif.faults"
 DONE, RESULT = "@@DONE", "@@RESULT"
 BIG = 1 << 20  # a 1 MiB message
 TEXT = "ünïcødé ✓ 日本語 — ok"
-THREADS, THREAD_CALLS = 3, 4
+THREADS, THREAD_CALLS = 3, 20
 
 
 def say(line):
@@ -114,7 +114,7 @@ def filter_raises(r):
 
 
 def threads(r):
-    """3 threads per rank, 4 in_order calls each, from one call site."""
+    """3 threads per rank, 20 in_order calls each, from one call site."""
 
     def work(thread):
         for call in range(1, THREAD_CALLS + 1):
