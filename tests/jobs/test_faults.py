@@ -30,14 +30,19 @@ ALL = range(NPROC)
 THREAD_CALLS = 20  # per thread, 3 threads per rank (fault_ranks.THREAD_CALLS)
 
 
-def records(lines):
-    """Counter of (case, call, rank, thread, by) over every record line; also checks the [RANK n] prefix."""
+def records(lines, caller=None):
+    """Counter of (case, call, rank, thread, by) over every record line.
+
+    Also checks each record's `[RANK n]` prefix (its own rank) and caller function (`caller`, or the
+    case's own function or its threads' `work`).
+    """
     found = collections.Counter()
     for line in lines:
         m = RECORD.match(line)
         if m:
             assert m["prefix"] in (None, m["rank"]), f"[RANK n] prefix of another rank: {line[:200]}"
-            assert m["func"] in (m["case"], "work"), f"caller is not the case's function: {line[:200]}"
+            callers = (caller,) if caller else (m["case"], "work")
+            assert m["func"] in callers, f"caller is not the case's function: {line[:200]}"
             thread = int(m["thread"]) if m["thread"] else None
             found[(m["case"], int(m["call"]), int(m["rank"]), thread, int(m["by"]))] += 1
     return found

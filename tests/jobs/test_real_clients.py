@@ -47,7 +47,7 @@ def test_training_loop_logging_in_order_every_step(wheel_venv, mode):  # noqa: F
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
     assert job.elapsed < 150, job
     assert _patched_processes(job.stderr) >= 2
-    found, writer = records(job.lines), 0 if mode == "gather" else None
+    found, writer = records(job.lines, caller="train"), 0 if mode == "gather" else None
     steps = range(8)
     for step in steps:
         expect(found, "train", step, [0], by=writer)  # ranks 1+ are at WARNING: rank 0's record only
