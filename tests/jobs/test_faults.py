@@ -56,6 +56,11 @@ def expect(found, case, call, ranks, by=0, thread=None):
         assert found.pop(key, 0) == 1, f"{key}: {found.get(key, 0)} copies; rest: {sorted(found)[:20]}"
 
 
+def block_ranks(lines, case):
+    """The ranks of `case`'s records in output order (blocks whole and in rank order: 0, 1, .., 0, 1, ..)."""
+    return [int(m["rank"]) for m in map(RECORD.match, lines) if m and m["case"] == case]
+
+
 def results(lines, case, key):
     pattern = re.compile(rf"^@@RESULT {case} r(\d+) {key}=(.*)$")
     return {int(m[1]): float(m[2]) for m in map(pattern.match, lines) if m}
@@ -140,6 +145,7 @@ def test_gather_mode_emits_every_record_exactly_once_under_faults(version):
     for thread in range(3):
         for call in range(1, THREAD_CALLS + 1):
             expect(found, "threads", call, ALL, thread=thread)
+    assert block_ranks(lines, "threads") == list(ALL) * 3 * THREAD_CALLS  # blocks whole, in rank order
     # The slow rank: on its own after the block that missed it, named by one warning, nobody waits past the bound.
     expect(found, "slow_rank", 1, ALL)
     expect(found, "slow_rank", 2, ALL)
@@ -188,6 +194,8 @@ def test_barrier_mode_with_bad_settings_threads_and_a_disagreeing_rank(version):
     for thread in range(3):
         for call in range(1, THREAD_CALLS + 1):
             expect(found, "threads", call, ALL, by=None, thread=thread)
+    # One in_order call at a time per process: each call's barriers pair up, so blocks stay whole.
+    assert block_ranks(job.lines, "threads") == list(ALL) * 3 * THREAD_CALLS
     expect(found, "quiet_main", 1, [1, 2, 3], by=None)
     for n in range(1, 5):
         expect(found, "payloads", n, ALL, by=None)
