@@ -146,7 +146,8 @@ def _rebuild():
 class _ShowOdd(logging.Filter):
     def filter(self, record):
         if hasattr(record, "odd"):
-            say(f"@@ODD {record.getMessage().split()[1]} {type(record.odd).__name__} {record.odd!s}")
+            rank = record.getMessage().split("#", 1)[1].split()[1]
+            say(f"@@ODD {rank} {type(record.odd).__name__} {record.odd!s}")
         return True
 
 
