@@ -20,7 +20,7 @@ import wrapt
 
 from . import _upstream
 from ._wrapper import make_log_wrapper
-from .config import switch
+from .config import check_switches, switch
 
 
 TARGET_MODULE = "accelerate.logging"
@@ -153,5 +153,6 @@ def is_patched() -> bool:
 
 def auto_patch() -> None:
     """What `import accelerate_inorder_fix` does: patch unless `ACCELERATE_INORDER_FIX` is off."""
+    check_switches()
     if switch() != "off":
         patch()

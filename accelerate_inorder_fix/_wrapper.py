@@ -9,7 +9,7 @@ emits its record in its turn.
 - `in_order=False`: upstream's own behaviour, restated for the known bodies (no extra frame).
 - `in_order=True`: a collective call on every rank; `main_process_only` is ignored (as in 1.13+).
   Barrier mode takes N turns of upstream's `wait_for_everyone()`; gather mode hands the record to
-  `gather.GATHER`.
+  `gather.GATHER`, which also holds the mode every rank agreed on and the per-process call lock.
 """
 
 from __future__ import annotations
@@ -96,10 +96,14 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
         state = PartialState()
         if state.num_processes <= 1:
             _emit(instance, level, msg, rest, kwargs)
-        elif settings.mode() == "gather" and gather.usable(state, settings):
-            gather.log(state, instance, level, msg, rest, kwargs, _callsite.call_site(body, 0))
-        else:
-            _in_turns(state, instance, level, msg, rest, kwargs)
+            return None
+        # One in_order call at a time per process: each call's N barriers pair up across ranks even
+        # when several threads log, and a gather call's record and count stay together.
+        with gather.lock:
+            if gather.mode(state, settings) == "gather":
+                gather.log(state, instance, level, msg, rest, kwargs, _callsite.call_site(body, 0))
+            else:
+                _in_turns(state, instance, level, msg, rest, kwargs)
         return None
 
     return log_in_order

@@ -5,10 +5,12 @@ Users set:
 - `ACCELERATE_INORDER_FIX`: `0`/`off`/`false`/`no` turns the automatic patch off (start-up hook and
   `import accelerate_inorder_fix`); `force` also patches a `log` body this package does not know; unset,
   `1`/`on`/`true`/`yes` mean on. An explicit `patch()` call always patches.
-- `ACCELERATE_INORDER_FIX_STARTUP`: `0`/`off`/`false`/`no` leaves only the start-up hook unarmed.
+- `ACCELERATE_INORDER_FIX_STARTUP`: `0`/`off`/`false`/`no` leaves only the start-up hook unarmed;
+  unset, `1`/`on`/`true`/`yes` mean on. Any other word of these two means on, with one warning.
 - `ACCELERATE_INORDER_MODE`: `barrier` (default) or `gather`, in any case.
 - `ACCELERATE_INORDER_TIMEOUT`: seconds (a finite number > 0, default 30) the main process waits for a
-  rank's record in gather mode.
+  rank's record in gather mode, and a rank waits for the main process's mode at its first in_order
+  call. `inf` is refused: every wait has a bound.
 
 A bad value never passes silently: the process says once, on stderr, which variable, which value,
 and what it uses instead. `configure()` raises `ValueError` for the same values.
@@ -25,7 +27,7 @@ from typing import Optional
 
 # The start-up hook reads the switch without importing this package (wrapt, accelerate); its words
 # live in that tiny top-level module and are shared from there.
-from _accelerate_inorder_fix_startup import STARTUP_ENV, SWITCH_ENV, switch
+from _accelerate_inorder_fix_startup import OFF_WORDS, STARTUP_ENV, SWITCH_ENV, switch
 
 from ._diagnostics import warn_once
 
@@ -40,6 +42,7 @@ __all__ = [
     "SWITCH_ENV",
     "TIMEOUT_ENV",
     "Settings",
+    "check_switches",
     "configure",
     "parse_mode",
     "parse_timeout",
@@ -53,6 +56,11 @@ JOB_MARKER_ENV = "AIF_JOB_ID"
 CHECK_MARKER_ENV = "AIF_CHECK_ID"
 SCENARIO_PATCH_ENV = "AIF_PATCH"
 SCENARIO_CRASH_ENV = "AIF_CRASH"
+
+# The words the start-up module reads as "on" (it reads anything but OFF_WORDS so, and "force" too
+# for the switch); any other word is a typo, reported by `check_switches`.
+ON_WORDS = ("", "1", "on", "true", "yes")
+SWITCH_WORDS = {SWITCH_ENV: (*OFF_WORDS, *ON_WORDS, "force"), STARTUP_ENV: (*OFF_WORDS, *ON_WORDS)}
 
 MODES = ("barrier", "gather")
 DEFAULT_MODE = "barrier"
@@ -147,6 +155,19 @@ class Settings:
 
 
 SETTINGS = Settings()
+
+
+def check_switches() -> None:
+    """Report, once per process, a word in `ACCELERATE_INORDER_FIX(_STARTUP)` that means nothing.
+
+    The start-up hook reads these with the least code possible and takes an unknown word as "on";
+    the package, once imported, says so rather than let a typo (`of`, `disable`) pass silently.
+    """
+    for name, words in SWITCH_WORDS.items():
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip().lower() not in words:
+            accepted = "/".join(w for w in words if w)
+            warn_once(("setting", name, raw), f"{name}={raw!r} is not one of {accepted}; using 'on'")
 
 
 def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> None:

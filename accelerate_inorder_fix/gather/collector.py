@@ -10,6 +10,9 @@ that rank's record of `identity`, or the deadline passes. Records met on the way
 - to a call the main process has not made (yet): kept, used when it makes it, flushed at exit.
 Then the block goes out in rank order, followed, if ranks are missing, by one warning naming them.
 
+Emitting never raises and never stops a block: a handler or filter of the main process that raises
+loses that one record (one warning on stderr), as it would on the barrier path.
+
 Only the main process waits, and only for a bounded time. A rank that missed a deadline is "absent":
 the next calls do not wait for it (a crashed rank costs one timeout, not one per call) but still take
 whatever it sent; it is waited for again as soon as one of its records arrives in time.
@@ -18,6 +21,7 @@ whatever it sent; it is waited for again as soon as one of its records arrives i
 import logging
 import time
 
+from .._diagnostics import warn_once
 from . import records as _records
 
 
@@ -47,7 +51,7 @@ class Collector:
             identity, record = current, None
         if identity in self.closed:
             if record is not None:
-                _records.emit(record)  # late: its block is out, so it goes alone, not into another
+                self._emit(rank, record)  # late: its block is out, so it goes alone, not into another
             return
         self.pending.setdefault(identity, {})[rank] = record
         return identity == current
@@ -99,17 +103,33 @@ class Collector:
                 )
             self.absent.update(missing)
 
+    def _emit(self, rank, record):
+        """Hand one record to the main process's handlers; a handler that raises loses only this one."""
+        try:
+            _records.emit(record)
+        except Exception as exc:
+            warn_once(
+                ("gather-emit", type(exc)),
+                f"the main process's handlers raised on rank {rank}'s in_order record, which is dropped "
+                f"(the others are not): {exc!r}",
+            )
+
     def _emit_block(self, block):
         for rank in sorted(block):
             if block[rank] is not None:
-                _records.emit(block[rank])
+                self._emit(rank, block[rank])
 
     # -- exit -------------------------------------------------------------------------------
 
     def flush(self):
-        """At exit: emit every record delivered but not yet emitted (calls this process never made)."""
+        """At exit: emit every record delivered but not yet emitted (calls this process never made).
+
+        Each queue is sealed on the way: what a rank posts from now on, it prints itself.
+        """
         for rank in range(1, self.world_size):
             self._drain(rank, None, {})
+            for payload in self.inbox.seal(rank):
+                self._route(rank, payload, None)
         leftovers = [(identity, block) for identity, block in self.pending.items() if block]
         self.pending.clear()
         if not leftovers:

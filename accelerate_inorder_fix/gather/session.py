@@ -1,13 +1,25 @@
-"""Gather mode (`ACCELERATE_INORDER_MODE=gather`): one writer, nobody but it waits, every wait bounded.
+"""This process's in_order state: the mode the job agreed on, and gather mode's side of the protocol.
 
+Mode agreement. Ranks that disagree on the mode cannot work together (barriers on some ranks, store
+posts on others). So at its first in_order call every rank takes the main process's mode, through the
+job's c10d store: the main process writes its word, every other rank reads it, waiting at most
+`ACCELERATE_INORDER_TIMEOUT` seconds (a barrier-mode rank would wait that long for the main process at
+its first barrier anyway). A rank whose own setting differs says so in one line. A later change of
+the setting is taken as a deliberate switch made on every rank, and followed.
+
+Gather mode (`ACCELERATE_INORDER_MODE=gather`): one writer, nobody but it waits, every wait bounded.
 Each rank builds its own record with its own logger (`records`), drops it if its own level or filters
 do, and posts it -- or an empty marker, so the main process need not wait for it -- to its queue in
 the job's c10d store (`transport`). It returns at once. The main process, at its own call, collects
 that call's records from every rank and emits them in rank order through its handlers (`collector`),
-waiting at most `ACCELERATE_INORDER_TIMEOUT` seconds for absent ones.
+waiting at most `ACCELERATE_INORDER_TIMEOUT` seconds for absent ones. At exit it emits what was
+delivered and seals every queue: a record posted after that is printed by the rank that made it.
 
-Jobs with no c10d store (a backend torch.distributed does not run) fall back to barrier mode, with
-one warning. `GATHER` is the process's one session: it opens on first use, under a lock.
+Threads: the in_order calls of one process take turns (`lock`), in both modes, so one call's N
+barriers, or its capture and post, never interleave with another thread's.
+
+Jobs with no c10d store (a backend torch.distributed does not run) skip the agreement, and a gather
+setting falls back to barrier mode with one warning. `GATHER` is the process's one session.
 """
 
 from __future__ import annotations
@@ -27,40 +39,91 @@ def _warn(text: str) -> None:
 
 
 class GatherSession:
-    """This process's gather state: its store connection, its side of the protocol, its call counts."""
+    """This process's in_order state: the agreed mode, its store connection, its gather side, call counts."""
 
     def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._decided = False
-        self._usable = False
+        # Held for the whole of one in_order call, in both modes (re-entrant: a handler may log).
+        self.lock = threading.RLock()
+        self._agreement: Optional[tuple[str, str]] = None  # (this process's setting then, the mode in use)
+        self._store: Any = None
+        self._store_reason = "no in_order call yet"
+        self._opened = False
+        self._usable = False  # gather sides opened (stays True after `close`: late calls print locally)
         self._outbox: Optional[transport.Outbox] = None
         self._collector: Optional[_collector.Collector] = None
+        self._settings: Any = None
         self._logger_name = "root"
         self._counts: collections.Counter = collections.Counter()
+        self._main_gone = False
 
-    def usable(self, state, settings) -> bool:
-        """True when gather mode can run in this job; otherwise barrier mode, after one warning."""
-        if self._decided:
-            return self._usable
-        with self._lock:
-            if not self._decided:
-                self._open(state, settings)
-                self._decided = True
+    # -- which mode -------------------------------------------------------------------------
+
+    def mode(self, state, settings) -> str:
+        """'barrier' or 'gather': the mode of this in_order call, the same on every rank."""
+        own = settings.mode()
+        agreement = self._agreement
+        if agreement is None:
+            with self.lock:
+                if self._agreement is None:
+                    self._agreement = (own, self._agree(state, settings, own))
+                agreement = self._agreement
+        setting, mode = agreement
+        if own != setting:  # switched after the first call: on every rank, as documented
+            mode = own
+        if mode == "gather" and not self._gather_ready(state, settings):
+            return "barrier"
+        return mode
+
+    def _agree(self, state, settings, own: str) -> str:
+        """One bounded round trip through the job's store: the main process's mode, on every rank."""
+        store, self._store_reason = transport.open_store(settings.timeout())
+        if store is None:
+            return own
+        self._store = store
+        atexit.register(self.close)
+        rank = state.process_index
+        try:
+            if state.is_main_process:
+                transport.publish_mode(store, own)
+                return own
+            main = transport.read_mode(store, settings.timeout())
+        except Exception as exc:  # the store failed: nothing to agree through
+            _warn(f"rank {rank}: could not read the main process's in_order mode ({exc!r}); using {own} mode")
+            return own
+        if main not in ("barrier", "gather"):
+            _warn(
+                f"rank {rank}: the main process did not publish its in_order mode within {settings.timeout():g} s "
+                f"(ACCELERATE_INORDER_TIMEOUT); using this rank's setting, {own} mode"
+            )
+            return own
+        if main != own:
+            _warn(
+                f"rank {rank}: in_order mode setting {own!r} (from {settings.mode_source()}) differs from the "
+                f"main process's; using the main process's mode, {main}"
+            )
+        return main
+
+    def _gather_ready(self, state, settings) -> bool:
+        if not self._opened:
+            with self.lock:
+                if not self._opened:
+                    self._open(state, settings)
+                    self._opened = True
         return self._usable
 
     def _open(self, state, settings) -> None:
-        store, reason = transport.open_store(settings.timeout())
-        if store is None:
-            _warn(f"gather mode needs a torch.distributed c10d store ({reason}); using barrier mode")
+        if self._store is None:
+            _warn(f"gather mode needs a torch.distributed c10d store ({self._store_reason}); using barrier mode")
             return
         if state.is_main_process:
-            inbox = transport.Inbox(store, state.num_processes)
+            inbox = transport.Inbox(self._store, state.num_processes)
             self._collector = _collector.Collector(inbox, state.num_processes, settings.timeout(), self._warning)
         else:
-            self._outbox = transport.Outbox(store, state.process_index)
+            self._outbox = transport.Outbox(self._store, state.process_index)
         self._settings = settings
         self._usable = True
-        atexit.register(self.close)
+
+    # -- one call ---------------------------------------------------------------------------
 
     def _warning(self, text: str) -> None:
         """The main process's warning about a block: to its stream, through the in_order logger."""
@@ -71,13 +134,13 @@ class GatherSession:
             _warn(f"{text} (handler failed: {exc!r})")
 
     def log(self, state, adapter, level: int, msg: Any, args: tuple, kwargs: dict, site: tuple) -> None:
-        """One rank's in_order call. `site` is the user's call site, the same on every rank."""
-        try:
-            record = records.capture(adapter, level, msg, args, kwargs)
-        except Exception as exc:  # a filter or formatter that raises: the call still counts, as a marker
-            _warn(f"a log record could not be built: {exc!r}")
-            record = None
-        with self._lock:
+        """One rank's in_order call in gather mode. `site` is the user's call site, the same on every rank."""
+        with self.lock:
+            try:
+                record = records.capture(adapter, level, msg, args, kwargs)
+            except Exception as exc:  # a filter or formatter that raises: the call still counts, as a marker
+                _warn(f"a log record could not be built: {exc!r}")
+                record = None
             self._counts[site] += 1
             identity = (site, self._counts[site])
             if self._collector is not None:
@@ -90,34 +153,39 @@ class GatherSession:
         self._collector.timeout = self._settings.timeout()  # `configure(timeout=...)` may come later
         try:
             self._collector.block(identity, record)
-        except Exception as exc:  # the store went away: emit our own record, never raise
+        except Exception as exc:  # not expected: the block handles the store and the handlers itself
             _warn(f"gather mode could not collect the other ranks' records: {exc!r}")
-            if record is not None:
-                records.emit(record)
 
     def _post(self, identity, record) -> None:
-        try:
-            if self._outbox is None:  # at exit, after our connection closed: nobody would read it
-                raise RuntimeError("the process is exiting")
-            self._outbox.post(records.to_bytes(identity, record))
-        except Exception as exc:  # undeliverable: print it here rather than lose it
-            _warn(f"gather mode could not send a record to the main process, printing it locally: {exc!r}")
-            if record is not None:
+        if not self._main_gone:
+            try:
+                if self._outbox is None:  # at exit, after our side closed: nobody would read it
+                    raise RuntimeError("the process is exiting")
+                if self._outbox.post(records.to_bytes(identity, record)):
+                    return
+                _warn("the main process has finished; this rank prints its own in_order records from now on")
+            except Exception as exc:  # undeliverable: print it here rather than lose it
+                _warn(f"gather mode could not send a record to the main process, printing it on this rank: {exc!r}")
+            self._main_gone = True
+        if record is not None:
+            try:
                 records.emit(record)
+            except Exception as exc:
+                warn_once(("gather-emit", type(exc)), f"a log record could not be emitted: {exc!r}")
 
     def close(self) -> None:
-        """At exit. Main process: emit what was delivered and not yet emitted. Every rank: drop our side.
+        """At exit. Main process: emit what was delivered, seal the queues. Every rank: drop our side.
 
         Done here, while the store's server is certainly up, rather than at interpreter teardown, so
         our connection stays out of the launcher's shutdown.
         """
-        with self._lock:
+        with self.lock:
             if self._collector is not None:
                 try:
                     self._collector.flush()
                 except Exception as exc:  # the store is gone at exit: nothing more can be delivered
                     _warn(f"gather mode could not flush records at exit: {exc!r}")
-            self._outbox = self._collector = None
+            self._outbox = self._collector = self._store = None
 
 
 GATHER = GatherSession()

@@ -10,12 +10,20 @@ main process reads, in order, and deletes what it read, so the store holds at mo
 not yet emitted. The only blocking operation is `wait`, always with an explicit deadline; the
 connection's own timeout is bounded too, so a dead store cannot hang a rank for the process
 group's 30 minutes.
+
+At exit the main process *seals* each queue: it writes a tombstone at the next free key, atomically
+(`compare_set`), taking whatever a rank posted there first. A rank posts the same atomic way, so a
+record either lands before the seal (the main process emits it) or meets the tombstone (the rank
+prints it itself): never both, never neither. The same store carries the main process's mode word,
+read once by every rank at its first in_order call.
 """
 
 import datetime
 
 
 PREFIX = "accelerate_inorder_fix/"
+MODE_KEY = "mode"
+TOMBSTONE = b"accelerate_inorder_fix:sealed"
 
 
 def open_store(timeout):
@@ -54,8 +62,11 @@ class Outbox:
         self.store, self.rank, self.sent = store, rank, 0
 
     def post(self, payload):
-        self.store.set(key(self.rank, self.sent), payload)
+        """Append `payload`; False when the main process has sealed the queue (it has finished)."""
+        if bytes(self.store.compare_set(key(self.rank, self.sent), "", payload)) == TOMBSTONE:
+            return False
         self.sent += 1
+        return True
 
 
 class Inbox:
@@ -87,3 +98,29 @@ class Inbox:
         self.store.delete_key(name)
         self.cursor[rank] += 1
         return payload
+
+    def seal(self, rank):
+        """At exit: close `rank`'s queue for good; the payloads it posted meanwhile, in order."""
+        found = []
+        while True:
+            name = self._next_key(rank)
+            payload = bytes(self.store.compare_set(name, "", TOMBSTONE))
+            if payload == TOMBSTONE:
+                return found
+            found.append(payload)
+            self.store.delete_key(name)
+            self.cursor[rank] += 1
+
+
+def publish_mode(store, mode):
+    """The main process's mode word, for every rank's first in_order call."""
+    store.set(MODE_KEY, mode)
+
+
+def read_mode(store, seconds):
+    """The main process's mode word, waiting up to `seconds`; None when it did not come in time."""
+    try:
+        store.wait([MODE_KEY], datetime.timedelta(seconds=seconds))
+    except RuntimeError:  # DistStoreError on timeout
+        return None
+    return bytes(store.get(MODE_KEY)).decode()

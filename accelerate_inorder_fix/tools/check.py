@@ -78,6 +78,7 @@ def judge(name, nproc, job):
         "missing": "records missing",
         "caller": "wrong caller",
         "traceback": "traceback misplaced",
+        "prefix": "wrong [RANK n] prefix",
     }
     return Outcome(words.get(verdict, verdict), detail, ok=verdict == "ordered")
 

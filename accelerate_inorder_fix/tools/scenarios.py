@@ -6,7 +6,8 @@ unpatched or a source-patched accelerate. The parent reads the merged stdout of 
 `check(name, nproc, lines)`.
 
 Every record carries its own expected call site (`at=func:line`); the log format appends the real
-one (`@@func:line`). Before each in_order call the low ranks sleep longest, so an unordered
+one (`@@func:line`) and the rank of the process that wrote the line (`by=rN`): in gather mode the main
+process writes every record, so `writers` shows which path ran. Before each in_order call the low ranks sleep longest, so an unordered
 implementation prints the ranks in reverse: the order checks cannot pass by luck.
 """
 
@@ -178,7 +179,7 @@ def _worker(names):
 
     state = PartialState(cpu=True)
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s @@%(funcName)s:%(lineno)d"))
+    handler.setFormatter(logging.Formatter(f"%(message)s @@%(funcName)s:%(lineno)d by=r{state.process_index}"))
     base = logging.getLogger(LOGGER_NAME)
     base.addHandler(handler)
     base.setLevel(logging.DEBUG)
@@ -205,7 +206,10 @@ def _worker(names):
 # Parent side (reads the merged output of all ranks)
 # ---------------------------------------------------------------------------------------------
 
-_RECORD = re.compile(r"^(?:\[RANK \d+\] )?(?P<tag>\w+)#(?P<call>\d+) r(?P<rank>\d+) at=(?P<want>\S+) @@(?P<got>\S+)$")
+_RECORD = re.compile(
+    r"^(?:\[RANK (?P<prefix>\d+)\] )?(?P<tag>\w+)#(?P<call>\d+) r(?P<rank>\d+) at=(?P<want>\S+) @@(?P<got>\S+)"
+    r"(?: by=r(?P<by>\d+))?$"
+)
 
 
 def _expected_records(name, nproc):
@@ -232,6 +236,23 @@ def parse(lines, name):
     return records
 
 
+def writers(lines, name):
+    """{(call, rank): rank of the process that wrote the record} for scenario `name` (None: not said)."""
+    found = {}
+    for m in map(_RECORD.match, lines):
+        if m and m["tag"] == name:
+            found[(int(m["call"]), int(m["rank"]))] = int(m["by"]) if m["by"] else None
+    return found
+
+
+def _wrong_prefix(lines, name):
+    """The first record whose `[RANK n]` prefix (accelerate 1.13+) names another rank than its own, or None."""
+    for m in map(_RECORD.match, lines):
+        if m and m["tag"] == name and m["prefix"] not in (None, m["rank"]):
+            return m.string
+    return None
+
+
 def done_ranks(lines, name):
     return {int(line.split()[2][1:]) for line in lines if line.startswith(f"{DONE} {name} ")}
 
@@ -240,7 +261,8 @@ def check(name, nproc, lines):
     """Verdict for one scenario: ('ordered', '') or (problem, detail).
 
     Problems: 'deadlock' (not every rank finished), 'desync' (a collective after the call paired
-    wrongly), 'unordered', 'missing', 'caller' (wrong call site), 'traceback'.
+    wrongly), 'unordered', 'missing', 'caller' (wrong call site), 'prefix' (a `[RANK n]` prefix that
+    names another rank), 'traceback'.
     """
     finished = done_ranks(lines, name)
     if finished != set(range(nproc)):
@@ -262,6 +284,9 @@ def check(name, nproc, lines):
     for call, rank, want, where, _ in records:
         if want != where:
             return "caller", f"record {call} of rank {rank} reports {where}, the call is at {want}"
+    wrong = _wrong_prefix(lines, name)
+    if wrong:
+        return "prefix", f"a record's [RANK n] prefix is not its rank's: {wrong}"
     if name == "exception":
         for _, rank, _, _, index in records:
             block = lines[index + 1 : index + 8]
@@ -307,6 +332,9 @@ def check_fault(name, nproc, lines, timeout):
     for call, rank, want, where, _ in records:
         if want != where:
             return "caller", f"record {call} of rank {rank} reports {where}, the call is at {want}"
+    wrong = _wrong_prefix(lines, name)
+    if wrong:
+        return "prefix", f"a record's [RANK n] prefix is not its rank's: {wrong}"
     warnings = [(i, ranks) for i, line in enumerate(lines) for ranks in warned_ranks([line])]
     if [ranks for _, ranks in warnings] != [[last]]:
         return "warning", f"warnings name {[ranks for _, ranks in warnings]}, expected [[{last}]]"

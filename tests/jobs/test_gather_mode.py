@@ -37,8 +37,17 @@ def test_core_scenarios_ordered_in_gather_mode(version, nproc):
         CORE, nproc, True, mode="gather", pythonpath=_pythonpath(version), timeout=150, stall=30
     )
     verdicts = {name: scenarios.check(name, nproc, job.lines) for name in CORE}
-    assert job.killed is None, (job, job.stderr[-2000:])
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
     assert all(v == ("ordered", "") for v in verdicts.values()), verdicts
+    assert_gather_ran(job, CORE)
+
+
+def assert_gather_ran(job, names):
+    """Every in_order record was written by the main process (rank 0): gather mode ran, not barrier."""
+    writers = {(name, *key): by for name in names for key, by in scenarios.writers(job.lines, name).items()}
+    # `caller` call 2 is a plain (not in_order) call: each rank prints its own.
+    writers = {key: by for key, by in writers.items() if key[:2] != ("caller", 2)}
+    assert writers and set(writers.values()) == {0}, writers
 
 
 def _fault_job(name, mode, version="1.15.0", nproc=4, timeout=90, stall=20):
@@ -57,8 +66,9 @@ def _fault_job(name, mode, version="1.15.0", nproc=4, timeout=90, stall=20):
 @pytest.mark.parametrize("version", ["0.21.0", "1.15.0"])
 def test_subset_call_warns_and_keeps_working(version):
     job = _fault_job("subset", "gather", version)
-    assert job.killed is None, (job, job.stderr[-2000:])
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
     assert scenarios.check_fault("subset", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
+    assert_gather_ran(job, ["subset"])
 
 
 def test_subset_call_hangs_in_barrier_mode():
@@ -70,16 +80,18 @@ def test_subset_call_hangs_in_barrier_mode():
 
 def test_rank_that_exits_early():
     job = _fault_job("early_exit", "gather")
-    assert job.killed is None, (job, job.stderr[-2000:])
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
     assert scenarios.check_fault("early_exit", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
+    assert_gather_ran(job, ["early_exit"])
 
 
 def test_rank_that_is_killed():
     env = _launch.scenario_env(True, "gather", _pythonpath("1.15.0"), dict(_fault_env(), AIF_CRASH="kill"))
     cmd = [sys.executable, str(SCRIPTS / "spawn_ranks.py"), "4", _launch.SCENARIO_SCRIPT, "early_exit"]
     job = _launch.run(cmd, env=env, timeout=90, stall=20)
-    assert job.killed is None, (job, job.stderr[-2000:])
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
     assert scenarios.check_fault("early_exit", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
+    assert_gather_ran(job, ["early_exit"])
 
 
 def test_two_nodes_all_records_in_node_0(tmp_path):
@@ -112,12 +124,11 @@ def test_two_nodes_all_records_in_node_0(tmp_path):
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
     node0 = (tmp_path / "node0.out").read_text().splitlines()
     node1 = (tmp_path / "node1.out").read_text().splitlines()
-    # The launcher's own exit status is not asserted: now and then (in barrier mode as well) a rank
-    # aborts in torch's teardown after its work is done ("terminate called without an active
-    # exception"), and node 0's agent then waits for node 1's until killed. The work itself is
-    # checked below: every rank printed DONE after each scenario, and every record is in place.
+    # A hang is killed at the hard deadline and fails the assertion above, as does a non-zero exit.
     # Node 1's ranks report completion in its own file; every record must be in node 0's.
     merged = node0 + [line for line in node1 if line.startswith("@@")]
     assert {name: scenarios.check(name, 4, merged) for name in names} == dict.fromkeys(names, ("ordered", ""))
+    writers = {by for name in names for by in scenarios.writers(node0, name).values()}
+    assert writers == {0}, writers
     # Node 1 keeps its plain `main_process_only=False` lines; no in_order record is printed there.
     assert not [record for name in names for record in scenarios.parse(node1, name)], node1

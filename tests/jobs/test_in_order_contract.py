@@ -56,6 +56,8 @@ def test_patched_scenarios_are_ordered(version, nproc):
     bad = {name: v for name, v in _verdicts(job, nproc, NAMES).items() if v[0] != "ordered"}
     assert not bad, f"{version} x{nproc}: {bad}"
     assert job.returncode == 0, job.stderr[-3000:]
+    # Barrier mode: each rank writes its own records.
+    assert all(by == rank for name in NAMES for (_, rank), by in scenarios.writers(job.lines, name).items())
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -88,3 +90,19 @@ def test_logger_created_before_the_patch_is_covered():
         "default": ("ordered", ""),
         "rank_levels": ("ordered", ""),
     }
+
+
+@pytest.mark.parametrize("mode", ["barrier", "gather"])
+def test_core_scenarios_ordered_at_8_ranks(mode):
+    """The usual 8-GPU node, as 8 CPU ranks: every core scenario ordered and complete, in both modes."""
+    job = _launch.run_scenarios(
+        NAMES, 8, patched=True, mode=mode, pythonpath=[accelerate_dir("1.15.0")], timeout=300, stall=90
+    )
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
+    assert job.elapsed < 240, job
+    bad = {name: v for name, v in _verdicts(job, 8, NAMES).items() if v[0] != "ordered"}
+    assert not bad, bad
+    for name in NAMES:
+        for (call, rank), by in scenarios.writers(job.lines, name).items():
+            in_order = not (name == "caller" and call == 2)  # caller's call 2 is a plain call
+            assert by == (0 if mode == "gather" and in_order else rank), (name, call, rank, by)

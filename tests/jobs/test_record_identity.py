@@ -28,6 +28,8 @@ def test_patched_records_match_upstream(version):
         for index, (up, fix) in enumerate(zip(upstream, patched)):
             assert fix["pathname"] == result["file"], fix
             assert fix["funcName"] == "calls", fix
+            # Both went through the adapter's `process()`, which set the adapter's `extra`.
+            assert up["key"] == fix["key"] == "adapter", (up, fix)
             if release_line(version) == "0.20" or index == WARNING_ONCE:
                 up = {k: v for k, v in up.items() if k not in CALLER_FIELDS}
                 fix = {k: v for k, v in fix.items() if k not in CALLER_FIELDS}

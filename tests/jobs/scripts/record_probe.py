@@ -24,6 +24,9 @@ base.addHandler(Keep())
 base.setLevel(logging.DEBUG)
 base.propagate = False
 log = get_logger("probe")
+# The adapter's own `extra`: `LoggerAdapter.process` puts it on every record (on Python <= 3.12 it
+# replaces a caller's `extra=` outright), so `key` shows whether a record went through `process()`.
+log.extra = {"key": "adapter"}
 fmt = logging.Formatter()
 
 
