@@ -10,6 +10,9 @@ that rank's record of `identity`, or the deadline passes. Records met on the way
 - to a call the main process has not made (yet): kept, used when it makes it, flushed at exit.
 Then the block goes out in rank order, followed, if ranks are missing, by one warning naming them.
 
+Reading is batched (`transport`): one wait on every needed rank's next record and one fetch of them
+all per round, so a block of 1,024 ranks costs a few store round trips, not a few per rank.
+
 Only the main process waits, and only for a bounded time. A rank that missed a deadline is "absent":
 the next calls do not wait for it (a crashed rank costs one timeout, not one per call) but still take
 whatever it sent; it is waited for again as soon as one of its records arrives in time.
@@ -50,20 +53,24 @@ class Collector:
             if self._route(rank, self.inbox.take(rank), current):
                 block[rank] = self.pending[current].pop(rank)
 
+    def _take(self, ranks, current, block):
+        """Take one record of each rank in `ranks` (all there), in one batch; it may be for another call."""
+        for rank, payload in zip(ranks, self.inbox.take_many(ranks)):
+            if self._route(rank, payload, current):
+                block[rank] = self.pending[current].pop(rank)
+
     def _collect(self, identity, block):
         deadline = time.monotonic() + self.timeout
         while True:
-            need = [r for r in range(self.world_size) if r not in block]
-            waitable = [r for r in need if r not in self.absent]
+            waitable = [r for r in range(self.world_size) if r not in block and r not in self.absent]
             remaining = deadline - time.monotonic()
             if not waitable or remaining <= 0 or not self.inbox.wait(waitable, remaining):
                 break
-            for rank in waitable:  # each has a next record now: take one, it may be for another call
-                if self._route(rank, self.inbox.take(rank), identity):
-                    block[rank] = self.pending[identity].pop(rank)
+            self._take(waitable, identity, block)
         # Deadline passed (or only absent ranks are left): whatever has arrived, without waiting.
         for rank in [r for r in range(self.world_size) if r not in block]:
             self._drain(rank, identity, block)
+        self.inbox.settle()
 
     # -- one call ---------------------------------------------------------------------------
 
