@@ -201,6 +201,20 @@ def test_rank_deletes_only_what_the_main_process_has_read():
     assert len(job.handler.seen) == 12 and not job.warnings
 
 
+def test_failed_clean_up_does_not_fail_the_post_and_is_retried():
+    job = Job(2, timeout=0.2, publish_every=1, clean_every=1)
+    job.post(1, SITE, 1)
+    job.call(1)
+    real_delete = job.store.delete_key
+    job.store.delete_key = lambda key: (_ for _ in ()).throw(RuntimeError("store hiccup"))
+    job.post(1, SITE, 2)  # delivered, although its clean-up failed
+    job.store.delete_key = real_delete
+    job.call(2)
+    job.post(1, SITE, 3)  # cleans up records 1 and 2
+    assert sorted(job.store.data) == sorted([transport.READ_KEY, transport.key(1, 2)])
+    assert len(job.handler.seen) == 4 and not job.warnings
+
+
 def test_main_process_deletes_nothing_and_publishes_rarely():
     job = Job(3)
     for count in range(1, 17):
