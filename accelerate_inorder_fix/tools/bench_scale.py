@@ -318,12 +318,45 @@ def _parser():
     parser.add_argument("--threads", type=int, default=16, help="store connections per poster process (default 16)")
     parser.add_argument("--no-old", action="store_true", help="skip the old protocol")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--plot", metavar="PNG", help="also plot main ms per call against ranks (needs matplotlib)")
+    parser.add_argument("--from-json", metavar="FILE", help="do not measure: table (and plot) of an earlier --json")
     return parser
+
+
+def plot(results, path):
+    """Log-log plot of the main process's cost per call against ranks, old protocol vs new."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("bench scale --plot needs matplotlib: pip install 'accelerate-inorder-fix[plot]'") from None
+    figure, axes = plt.subplots(figsize=(6, 4.2), dpi=120)
+    for name, label, style in (("old", "old: wait + get + delete per rank", "o--"), ("results", "new: batched", "s-")):
+        rows = results.get(name) or []
+        axes.plot([r["ranks"] for r in rows], [r["main_ms_per_call"] for r in rows], style, label=label)
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("ranks")
+    axes.set_ylabel("main process, ms per in_order call")
+    axes.set_title("gather mode: main process cost per call (TCPStore, loopback)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
 
 
 def main(argv=None):
     """Run the benchmark; print the table; return the results."""
     args = _parser().parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+        print(table(results))
+        if args.plot:
+            plot(results, args.plot)
+        return results
     sizes = [int(s) for s in args.ranks.split(",")]
     if min(sizes) < 3:
         raise SystemExit("bench scale: --ranks must be at least 3 (rank 0 main, rank 1 timed, rank 2+ posters)")
@@ -353,4 +386,6 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
     return results
