@@ -55,9 +55,15 @@ class Collector:
 
     def _take(self, ranks, current, block):
         """Take one record of each rank in `ranks` (all there), in one batch; it may be for another call."""
+        failure = None
         for rank, payload in zip(ranks, self.inbox.take_many(ranks)):
-            if self._route(rank, payload, current):
-                block[rank] = self.pending[current].pop(rank)
+            try:
+                if self._route(rank, payload, current):
+                    block[rank] = self.pending[current].pop(rank)
+            except Exception as exc:  # the batch has left the store: one bad record must not lose the others
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def _collect(self, identity, block):
         deadline = time.monotonic() + self.timeout

@@ -226,6 +226,16 @@ def test_main_process_deletes_nothing_and_publishes_rarely():
         assert len([c for c in job.store.calls if c[0] == "set"]) == (1 if count % transport.PUBLISH_EVERY == 0 else 0)
 
 
+def test_bad_record_in_a_batch_costs_only_itself():
+    job = Job(4, timeout=0.2)
+    job.post(1, SITE, 1)
+    job.outboxes[2].post(b"not a record")
+    job.post(3, SITE, 1)
+    job.call(1)
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, 0), (SITE, 1, 1), (SITE, 1, 3)]
+    assert job.warnings  # the bad record is reported, whatever the codec says about it
+
+
 def test_store_that_fails_costs_the_block_not_the_call():
     job = Job(3)
 
