@@ -105,7 +105,8 @@ def build_parser():
         "bench",
         help="time in_order logging in barrier and gather mode",
         description="Run the gather-mode benchmark and print its table. Any other argument goes to the "
-        "benchmark itself (`bench -- --help` shows them).",
+        "benchmark itself (`bench -- --help` shows them). `bench scale` (or `bench --scale`) runs the "
+        "scale benchmark instead: gather mode at up to 1,024 simulated ranks (`bench scale --help`).",
     )
     return parser
 
