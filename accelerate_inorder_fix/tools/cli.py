@@ -106,7 +106,7 @@ def build_parser():
         help="time in_order logging in barrier and gather mode",
         description="Run the gather-mode benchmark and print its table. Any other argument goes to the "
         "benchmark itself (`bench -- --help` shows them). `bench scale` (or `bench --scale`) runs the "
-        "scale benchmark instead: gather mode at up to 1,024 simulated ranks (`bench scale --help`).",
+        "scale benchmark instead: gather mode at up to 1,024 simulated ranks (`bench scale -- --help`).",
     )
     return parser
 
@@ -219,6 +219,7 @@ def cmd_bench(args):
         from .bench_scale import main as bench_main
 
         argv = [a for a in argv[argv[:1] == ["scale"] :] if a != "--scale"]
+        argv = argv[1:] if argv[:1] == ["--"] else argv
     else:
         from .bench import main as bench_main
     result = bench_main(argv)
