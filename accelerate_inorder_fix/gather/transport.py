@@ -13,8 +13,8 @@ main process reads, in order, and its cost per call must not grow by round trips
 The main process deletes nothing. Every `PUBLISH_EVERY` calls it publishes how far it has read each
 queue (one key, `read`: a little-endian uint64 per rank), and each rank, every `CLEAN_EVERY` posts,
 deletes its own records below that mark. The clean-up cost is spread over the ranks (one delete per
-post, amortised), and the store holds at most about `CLEAN_EVERY + PUBLISH_EVERY` records per rank
-beyond those the main process has not read yet, whatever the number of calls.
+post, amortised), and the store holds, per rank, the records the main process had not read at that
+rank's last clean-up plus at most `CLEAN_EVERY + PUBLISH_EVERY`, whatever the number of calls.
 
 The only blocking operation is `wait`, always with an explicit deadline; the connection's own
 timeout is bounded too, so a dead store cannot hang a rank for the process group's 30 minutes.
