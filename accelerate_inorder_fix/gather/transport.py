@@ -75,6 +75,7 @@ class Outbox:
         self.store, self.rank, self.clean_every = store, rank, clean_every
         self.sent = 0
         self.cleaned = 0  # records below this index are deleted
+        self.published = False  # the main process has written READ_KEY (it is never deleted)
 
     def post(self, payload):
         self.store.set(key(self.rank, self.sent), payload)
@@ -86,8 +87,9 @@ class Outbox:
                 return
 
     def clean(self):
-        """Delete this rank's records the main process has read: `check` first, as `get` would wait."""
-        if not self.store.check([READ_KEY]):
+        """Delete this rank's records the main process has read (`check` until it has published: `get` waits)."""
+        self.published = self.published or self.store.check([READ_KEY])
+        if not self.published:
             return
         read = min(read_mark(self.store.get(READ_KEY), self.rank), self.sent)
         for n in range(self.cleaned, read):
