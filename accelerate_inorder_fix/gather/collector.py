@@ -10,6 +10,9 @@ that rank's record of `identity`, or the deadline passes. Records met on the way
 - to a call the main process has not made (yet): kept, used when it makes it, flushed at exit.
 Then the block goes out in rank order, followed, if ranks are missing, by one warning naming them.
 
+Reading is batched (`transport`): one wait on every needed rank's next record and one fetch of them
+all per round, so a block of 1,024 ranks costs a few store round trips, not a few per rank.
+
 Emitting never raises and never stops a block: a handler or filter of the main process that raises
 loses that one record (one warning on stderr), as it would on the barrier path.
 
@@ -62,20 +65,30 @@ class Collector:
             if self._route(rank, self.inbox.take(rank), current):
                 block[rank] = self.pending[current].pop(rank)
 
+    def _take(self, ranks, current, block):
+        """Take one record of each rank in `ranks` (all there), in one batch; it may be for another call."""
+        failure = None
+        for rank, payload in zip(ranks, self.inbox.take_many(ranks)):
+            try:
+                if self._route(rank, payload, current):
+                    block[rank] = self.pending[current].pop(rank)
+            except Exception as exc:  # the batch has left the store: one bad record must not lose the others
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
     def _collect(self, identity, block):
         deadline = time.monotonic() + self.timeout
         while True:
-            need = [r for r in range(self.world_size) if r not in block]
-            waitable = [r for r in need if r not in self.absent]
+            waitable = [r for r in range(self.world_size) if r not in block and r not in self.absent]
             remaining = deadline - time.monotonic()
             if not waitable or remaining <= 0 or not self.inbox.wait(waitable, remaining):
                 break
-            for rank in waitable:  # each has a next record now: take one, it may be for another call
-                if self._route(rank, self.inbox.take(rank), identity):
-                    block[rank] = self.pending[identity].pop(rank)
+            self._take(waitable, identity, block)
         # Deadline passed (or only absent ranks are left): whatever has arrived, without waiting.
         for rank in [r for r in range(self.world_size) if r not in block]:
             self._drain(rank, identity, block)
+        self.inbox.settle()
 
     # -- one call ---------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
     status   what is installed, and whether a process here gets the fix
     check    run the in_order scenarios on real CPU ranks, without and with the fix
-    bench    time the two in_order modes (barrier, gather)
+    bench    time the two in_order modes (barrier, gather); `bench scale`: gather mode at up to 1,024 ranks
 
 Exit codes: 0 success; 1 the check found a problem with the fix, or could not run; 2 bad arguments;
 130 interrupted.
@@ -108,7 +108,8 @@ def build_parser():
         "bench",
         help="time in_order logging in barrier and gather mode",
         description="Run the gather-mode benchmark and print its table. Any other argument goes to the "
-        "benchmark itself (`bench -- --help` shows them).",
+        "benchmark itself (`bench -- --help` shows them). `bench scale` (or `bench --scale`) runs the "
+        "scale benchmark instead: gather mode at up to 1,024 simulated ranks (`bench scale -- --help`).",
     )
     return parser
 
@@ -214,11 +215,16 @@ def _conclude(results, args, elapsed):
 
 
 def cmd_bench(args):
-    from .bench import main as bench_main
-
     argv = list(args.bench_args)
     if argv[:1] == ["--"]:
         argv = argv[1:]
+    if argv[:1] == ["scale"] or "--scale" in argv:  # gather mode at 8..1,024 simulated ranks
+        from .bench_scale import main as bench_main
+
+        argv = [a for a in argv[argv[:1] == ["scale"] :] if a != "--scale"]
+        argv = argv[1:] if argv[:1] == ["--"] else argv
+    else:
+        from .bench import main as bench_main
     result = bench_main(argv)
     # main() prints its own table; what it returns is either an exit code or its raw results.
     if isinstance(result, int) and not isinstance(result, bool):

@@ -23,7 +23,7 @@ import pytest
 from conftest import REPO
 
 from accelerate_inorder_fix.gather import collector as _collector
-from accelerate_inorder_fix.gather import records
+from accelerate_inorder_fix.gather import records, transport
 
 
 IDENTITY = (("train.py", "step", 42), 3)
@@ -353,20 +353,16 @@ def test_decoding_never_imports_or_evaluates(tmp_path):
 # -- the collector: foreign bytes count as that rank's empty record of the call -------------------
 
 
-class _Queues:
-    """The Inbox interface over in-memory queues: every payload already posted."""
+def _queues(payloads_by_rank, world_size):
+    """The real Inbox over torch's in-memory store, every payload already posted by the real Outbox."""
+    import torch.distributed as dist
 
-    def __init__(self, queues):
-        self.queues = {rank: collections.deque(q) for rank, q in queues.items()}
-
-    def wait(self, ranks, seconds):
-        return all(self.queues.get(r) for r in ranks)
-
-    def ready(self, rank):
-        return bool(self.queues.get(rank))
-
-    def take(self, rank):
-        return self.queues[rank].popleft()
+    store = dist.HashStore()
+    for rank, payloads in payloads_by_rank.items():
+        outbox = transport.Outbox(store, rank)
+        for payload in payloads:
+            outbox.post(payload)
+    return transport.Inbox(store, world_size)
 
 
 def _emitted(caplog_records):
@@ -375,11 +371,12 @@ def _emitted(caplog_records):
 
 def test_collector_counts_foreign_bytes_as_that_ranks_empty_record(caplog):
     later = (("train.py", "step", 42), 4)
-    queues = _Queues(
+    queues = _queues(
         {
             1: [b"\x80\x04garbage", records.to_bytes(later, _record(msg="r1 later", args=()))],
             2: [records.to_bytes(IDENTITY, _record(msg="r2", args=())), records.to_bytes(later, None)],
-        }
+        },
+        3,
     )
     warnings = []
     collector = _collector.Collector(queues, 3, timeout=30.0, warn=warnings.append)
@@ -396,7 +393,7 @@ def test_collector_counts_foreign_bytes_as_that_ranks_empty_record(caplog):
 
 def test_collector_ignores_foreign_bytes_at_exit_with_one_warning():
     warnings = []
-    collector = _collector.Collector(_Queues({1: [b"{"]}), 2, timeout=30.0, warn=warnings.append)
+    collector = _collector.Collector(_queues({1: [b"{"]}, 2), 2, timeout=30.0, warn=warnings.append)
     collector.flush()
     assert len(warnings) == 1 and warnings[0].startswith("rank 1 sent something that is not an in_order record")
 

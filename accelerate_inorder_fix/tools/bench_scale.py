@@ -1,0 +1,391 @@
+"""Benchmark: gather mode's cost per in_order call at 8 to 1,024 ranks, new store protocol vs old.
+
+A real job of 1,024 ranks does not fit on a laptop, but gather mode's costs are all in the store
+traffic, so the ranks are simulated as client connections of a real `TCPStore`:
+
+- the server runs in a process of its own on 127.0.0.1, as torchrun's rendezvous store does;
+- ranks 2..N-1 post from `--procs` processes x `--threads` threads (one store connection per thread),
+  through the package's own rank-side code (`records.to_bytes` + `transport.Outbox.post`);
+- rank 1 posts from this process on a connection of its own, and each of its posts is timed: that is
+  the rank's cost per call (`rank_us_per_call`, mean, clean-ups included);
+- the main process's side is this process: the real `Collector`, emitting every record through a
+  real `StreamHandler` writing to os.devnull.
+
+Each round, every rank posts `--calls` calls' records; then the main process makes those calls, timed
+(`main_ms_per_call`: median over `--rounds` rounds, per call; every record is already posted, so
+the figure is the main process's own work, not waiting for ranks). `store_keys_after` is how many
+keys the run left in the store after the last round (`store_keys_by_round`: after each round; it must
+not grow with the rounds). The old protocol (one wait, get and delete per rank, `LegacyInbox` below)
+runs side by side, on the same server and processes, one run after the other.
+
+    accelerate-inorder-fix bench scale --ranks 8,64,256,1024 --json FILE
+    python benchmarks/bench_scale.py --ranks 8,64 --calls 4 --rounds 2
+
+`main(argv)` prints a Markdown table and returns the results.
+"""
+
+import argparse
+import datetime
+import json
+import logging
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import timeit
+
+from ..gather import collector as _collector
+from ..gather import records, transport
+
+
+SITE = ("bench_scale.py", "train_step", 42)
+LOGGER = "aif.bench.scale"
+
+
+# ---------------------------------------------------------------------------------------------
+# The old protocol, kept here for the side-by-side
+# ---------------------------------------------------------------------------------------------
+
+
+class LegacyOutbox:
+    """The rank side before batching: append to its queue, never clean (the main process deleted)."""
+
+    def __init__(self, store, rank):
+        self.store, self.rank, self.sent = store, rank, 0
+
+    def post(self, payload):
+        self.store.set(transport.key(self.rank, self.sent), payload)
+        self.sent += 1
+
+
+class LegacyInbox:
+    """The main process's side before batching: per rank a wait or check, a get and a delete."""
+
+    def __init__(self, store, world_size):
+        self.store, self.cursor = store, [0] * world_size
+
+    def _next_key(self, rank):
+        return transport.key(rank, self.cursor[rank])
+
+    def wait(self, ranks, seconds):
+        try:
+            self.store.wait([self._next_key(r) for r in ranks], datetime.timedelta(seconds=seconds))
+        except RuntimeError:
+            return False
+        return True
+
+    def ready(self, rank):
+        return self.store.check([self._next_key(rank)])
+
+    def take(self, rank):
+        name = self._next_key(rank)
+        payload = self.store.get(name)
+        self.store.delete_key(name)
+        self.cursor[rank] += 1
+        return payload
+
+    def take_many(self, ranks):
+        return [self.take(rank) for rank in ranks]  # exactly the old loop: one rank after another
+
+    def settle(self):
+        pass
+
+
+PROTOCOLS = {"new": (transport.Inbox, transport.Outbox), "old": (LegacyInbox, LegacyOutbox)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes: the store server, and the posters (simulated ranks)
+# ---------------------------------------------------------------------------------------------
+
+
+def _connect(port, prefix=None):
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=120))
+    return dist.PrefixStore(prefix, store) if prefix else store
+
+
+def _serve(conn):
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    conn.send(server.port)
+    conn.recv()  # until told to stop
+
+
+def _record(count, rank):
+    return logging.LogRecord(LOGGER, logging.INFO, "/job/bench_scale.py", SITE[2], f"step {count} r{rank}", None, None)
+
+
+def _post_calls(outboxes, first, calls):
+    for count in range(first, first + calls):
+        for rank, outbox in outboxes:
+            outbox.post(records.to_bytes((SITE, count), _record(count, rank)))
+
+
+def _poster(conn, port, threads):
+    """A process of simulated ranks: `threads` connections, each posting for its share of the ranks."""
+    connections = [_connect(port) for _ in range(threads)]
+    shares = []
+    while True:
+        command = conn.recv()
+        if command[0] == "setup":  # (setup, prefix, protocol, ranks)
+            import torch.distributed as dist
+
+            _, prefix, protocol, ranks = command
+            outbox_type = PROTOCOLS[protocol][1]
+            shares = [
+                [(r, outbox_type(dist.PrefixStore(prefix, c), r)) for r in ranks[i::threads]]
+                for i, c in enumerate(connections)
+            ]
+        elif command[0] == "post":  # (post, first count, calls)
+            workers = [threading.Thread(target=_post_calls, args=(share, *command[1:])) for share in shares if share]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+        else:
+            return
+        conn.send("done")
+
+
+class Cluster:
+    """One store server and `procs` poster processes, shared by every run of the benchmark."""
+
+    def __init__(self, procs, threads):
+        context = multiprocessing.get_context("spawn")
+        server_end, self._server = context.Pipe()
+        self.server = context.Process(target=_serve, args=(server_end,), daemon=True)
+        self.server.start()
+        self.port = self._server.recv()
+        self.posters = []
+        for _ in range(procs):
+            mine, theirs = context.Pipe()
+            process = context.Process(target=_poster, args=(theirs, self.port, threads), daemon=True)
+            process.start()
+            self.posters.append((process, mine))
+
+    def command(self, per_poster):
+        for (_, conn), command in zip(self.posters, per_poster):
+            conn.send(command)
+        for _, conn in self.posters:
+            conn.recv()
+
+    def close(self):
+        for process, conn in self.posters:
+            conn.send(("stop",))
+            process.join(10)
+        self._server.send("stop")
+        self.server.join(10)
+        for process in [self.server, *(p for p, _ in self.posters)]:
+            if process.is_alive():
+                process.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# One run: N ranks, one protocol
+# ---------------------------------------------------------------------------------------------
+
+
+class _Timed:
+    """The inbox, with the time spent in its store calls added up (the main process's store share)."""
+
+    def __init__(self, inbox):
+        self._inbox, self.seconds = inbox, 0.0
+
+    def __getattr__(self, name):
+        method = getattr(self._inbox, name)
+
+        def timed(*args):
+            start = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
+
+
+def _handler():
+    logger = logging.getLogger(LOGGER)
+    sink = open(os.devnull, "w")
+    handler = logging.StreamHandler(sink)
+    handler.setFormatter(logging.Formatter("%(message)s %(funcName)s:%(lineno)d"))  # as `bench`'s handler
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    return sink
+
+
+def per_record():
+    """Microseconds one record costs the main process outside the store: decoding it, emitting it."""
+    payload = records.to_bytes((SITE, 1), _record(1, 2))
+    record = records.from_bytes(payload)[1]
+    sink = _handler()
+    try:
+        decode = min(timeit.repeat(lambda: records.from_bytes(payload), number=2000, repeat=5)) / 2000
+        emit = min(timeit.repeat(lambda: records.emit(record), number=2000, repeat=5)) / 2000
+    finally:
+        sink.close()
+    return {"decode_us": decode * 1e6, "emit_us": emit * 1e6}
+
+
+def run(cluster, ranks, protocol, calls, rounds, tag):
+    """Measure one protocol at `ranks` ranks; returns its result dict."""
+    inbox_type, outbox_type = PROTOCOLS[protocol]
+    prefix = f"{tag}/{transport.PREFIX}"
+    raw = _connect(cluster.port)
+    keys_before = raw.num_keys()
+    main_store = _connect(cluster.port, prefix)
+    probe = outbox_type(_connect(cluster.port, prefix), 1)
+    others = list(range(2, ranks))
+    n = len(cluster.posters)
+    cluster.command([("setup", prefix, protocol, others[i::n]) for i in range(n)])
+    inbox = _Timed(inbox_type(main_store, ranks))
+    warnings = []
+    collector = _collector.Collector(inbox, ranks, 60.0, warnings.append)
+    sink = _handler()
+    main_per_call, store_per_call, post_seconds, keys_by_round = [], [], [], []
+    try:
+        for round_ in range(rounds):
+            first = round_ * calls + 1
+            cluster.command([("post", first, calls)] * n)
+            for count in range(first, first + calls):  # rank 1: each post timed on its own
+                start = time.perf_counter()
+                probe.post(records.to_bytes((SITE, count), _record(count, 1)))
+                post_seconds.append(time.perf_counter() - start)
+            inbox.seconds = 0.0
+            start = time.perf_counter()
+            for count in range(first, first + calls):
+                collector.block((SITE, count), _record(count, 0))
+            main_per_call.append((time.perf_counter() - start) / calls)
+            store_per_call.append(inbox.seconds / calls)
+            keys_by_round.append(raw.num_keys() - keys_before)
+    finally:
+        sink.close()
+    if warnings:
+        raise RuntimeError(f"{protocol} protocol at {ranks} ranks: {warnings[0]}")
+    return {
+        "ranks": ranks,
+        "protocol": protocol,
+        "main_ms_per_call": statistics.median(main_per_call) * 1e3,
+        "main_store_ms_per_call": statistics.median(store_per_call) * 1e3,
+        "rank_us_per_call": statistics.mean(post_seconds) * 1e6,
+        "store_keys_after": keys_by_round[-1],
+        "store_keys_by_round": keys_by_round,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------
+
+
+def table(results):
+    """Markdown table: new protocol beside the old, one row per world size."""
+    old = {r["ranks"]: r for r in results.get("old", [])}
+    rows = [
+        "| ranks | main ms/call (new) | of which store | main ms/call (old) | speed-up | rank us/post (new) "
+        "| rank us/post (old) | store keys after (new) | keys by round (new) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for new in results["results"]:
+        o = old.get(new["ranks"])
+        rows.append(
+            f"| {new['ranks']} | {new['main_ms_per_call']:.2f} | {new['main_store_ms_per_call']:.2f} "
+            + (
+                f"| {o['main_ms_per_call']:.2f} | {o['main_ms_per_call'] / new['main_ms_per_call']:.1f}x "
+                if o
+                else "| - | - "
+            )
+            + f"| {new['rank_us_per_call']:.0f} | "
+            + (f"{o['rank_us_per_call']:.0f}" if o else "-")
+            + f" | {new['store_keys_after']} | {', '.join(map(str, new['store_keys_by_round']))} |"
+        )
+    return "\n".join(rows)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="accelerate-inorder-fix bench scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", default="8,64,256,1024", help="world sizes, comma-separated")
+    parser.add_argument("--calls", type=int, default=8, help="in_order calls per round (default 8)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per run (default 5)")
+    parser.add_argument("--procs", type=int, default=4, help="poster processes (default 4)")
+    parser.add_argument("--threads", type=int, default=16, help="store connections per poster process (default 16)")
+    parser.add_argument("--no-old", action="store_true", help="skip the old protocol")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--plot", metavar="PNG", help="also plot main ms per call against ranks (needs matplotlib)")
+    parser.add_argument("--from-json", metavar="FILE", help="do not measure: table (and plot) of an earlier --json")
+    return parser
+
+
+def plot(results, path):
+    """Log-log plot of the main process's cost per call against ranks, old protocol vs new."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("bench scale --plot needs matplotlib: pip install 'accelerate-inorder-fix[plot]'") from None
+    figure, axes = plt.subplots(figsize=(6, 4.2), dpi=120)
+    for name, label, style in (("old", "old: wait + get + delete per rank", "o--"), ("results", "new: batched", "s-")):
+        rows = results.get(name) or []
+        axes.plot([r["ranks"] for r in rows], [r["main_ms_per_call"] for r in rows], style, label=label)
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("ranks")
+    axes.set_ylabel("main process, ms per in_order call")
+    axes.set_title("gather mode: main process cost per call (TCPStore, loopback)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def main(argv=None):
+    """Run the benchmark; print the table; return the results."""
+    args = _parser().parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)
+        print(table(results))
+        if args.plot:
+            plot(results, args.plot)
+        return results
+    sizes = [int(s) for s in args.ranks.split(",")]
+    if min(sizes) < 3:
+        raise SystemExit("bench scale: --ranks must be at least 3 (rank 0 main, rank 1 timed, rank 2+ posters)")
+    cluster = Cluster(args.procs, args.threads)
+    results = {"results": [], "old": []}
+    try:
+        for ranks in sizes:
+            for protocol in ("new",) if args.no_old else ("new", "old"):
+                print(f"{ranks} ranks, {protocol} protocol ...", file=sys.stderr, flush=True)
+                result = run(cluster, ranks, protocol, args.calls, args.rounds, f"{protocol}{ranks}")
+                results["results" if protocol == "new" else "old"].append(result)
+    finally:
+        cluster.close()
+    results["per_record"] = per_record()
+    results["method"] = (
+        f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"torch {__import__('torch').__version__}; TCPStore server in its own process on 127.0.0.1; ranks 2..N-1 "
+        f"from {args.procs} processes x {args.threads} connections; {args.calls} calls x {args.rounds} rounds; "
+        "main: median per call, records emitted to os.devnull; rank: mean per post"
+    )
+    print(results["method"] + "\n")
+    print(table(results))
+    print(
+        "\nOutside the store, each record costs the main process {decode_us:.1f} us to decode and {emit_us:.1f} us "
+        "to emit (best of 5 x 2,000, this run).".format(**results["per_record"])
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.plot:
+        plot(results, args.plot)
+    return results

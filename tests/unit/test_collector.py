@@ -1,0 +1,319 @@
+"""The main process's collector and the store protocol, on an in-memory store (pure logic, no ranks).
+
+Every path the collector's docstring names: a block in rank order from one batched read; a late record
+for a closed call, emitted alone; a call the main process never makes, flushed at exit; an absent rank
+not waited for until it posts again; the deadline. Then the bound on the store's size, the fallback
+for stores without `multi_get`, and a property test over random arrival orders, lateness and absences.
+"""
+
+import logging
+import threading
+import time
+
+import pytest
+from fake_store import FakeStore, UnbatchedFakeStore
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from accelerate_inorder_fix.gather import collector as _collector
+from accelerate_inorder_fix.gather import records, transport
+
+
+LOGGER = "aif.test.collector"
+SITE, OTHER = ("train.py", "step", 10), ("train.py", "eval_only_on_ranks", 20)
+SLACK = 0.5  # scheduling noise allowed past a deadline on a loaded CI machine
+
+
+class Emitted(logging.Handler):
+    """The main process's handler: what was emitted, tagged with the phase the test is in."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase = None
+        self.seen = []  # (phase, site, count, rank)
+
+    def emit(self, record):
+        self.seen.append((self.phase, tuple(record.site), record.count, record.rank))
+
+
+def _record(site, count, rank):
+    record = logging.LogRecord(LOGGER, logging.INFO, site[0], site[2], f"{site}#{count} r{rank}", None, None)
+    # A list: records travel as JSON data, where a tuple would arrive as its repr.
+    record.site, record.count, record.rank = list(site), count, rank
+    return record
+
+
+class Job:
+    """One main process (a Collector) and `world_size - 1` ranks (Outboxes) on one store."""
+
+    def __init__(self, world_size, timeout=0.2, store=None, publish_every=None, clean_every=None):
+        self.store = store if store is not None else FakeStore()
+        self.warnings = []
+        inbox = transport.Inbox(self.store, world_size, publish_every or transport.PUBLISH_EVERY)
+        self.collector = _collector.Collector(inbox, world_size, timeout, self.warnings.append)
+        self.outboxes = {
+            r: transport.Outbox(self.store, r, clean_every or transport.CLEAN_EVERY) for r in range(1, world_size)
+        }
+        self.handler = Emitted()
+        logger = logging.getLogger(LOGGER)
+        logger.handlers[:] = [self.handler]
+        logger.propagate = False
+
+    def post(self, rank, site, count, dropped=False):
+        record = None if dropped else _record(site, count, rank)
+        self.outboxes[rank].post(records.to_bytes((site, count), record))
+
+    def call(self, count, site=SITE, own=True):
+        """The main process's call; returns how long it took."""
+        self.handler.phase = ("block", site, count)
+        start = time.monotonic()
+        self.collector.block((site, count), _record(site, count, 0) if own else None)
+        return time.monotonic() - start
+
+    def flush(self):
+        self.handler.phase = ("flush",)
+        self.collector.flush()
+
+    def during(self, phase):
+        return [(site, count, rank) for p, site, count, rank in self.handler.seen if p == phase]
+
+
+def test_block_in_rank_order_from_one_wait_and_one_fetch():
+    job = Job(4)
+    for rank in (3, 1, 2):
+        job.post(rank, SITE, 1)
+    job.store.calls.clear()
+    job.call(1)
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(4)]
+    assert job.store.calls == [("wait", 3), ("multi_get", 3)]
+    assert not job.warnings
+
+
+def test_store_without_multi_get_gives_the_same_blocks():
+    job = Job(4, store=UnbatchedFakeStore())
+    for rank in (2, 3, 1):
+        job.post(rank, SITE, 1)
+    job.call(1)
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(4)]
+    assert [c for c in job.store.calls if c[0] == "get"] == [("get", 1)] * 3
+
+
+def test_rank_dropped_record_is_a_marker_not_a_wait():
+    job = Job(3, timeout=5.0)
+    job.post(1, SITE, 1, dropped=True)
+    job.post(2, SITE, 1)
+    assert job.call(1) < 1.0
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, 0), (SITE, 1, 2)]
+
+
+def test_deadline_bounds_the_wait_and_names_the_missing_rank():
+    job = Job(3, timeout=0.2)
+    job.post(2, SITE, 1)
+    took = job.call(1)
+    assert 0.2 <= took < 0.2 + SLACK
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, 0), (SITE, 1, 2)]
+    assert len(job.warnings) == 1 and "rank(s) 1 within 0.2 s" in job.warnings[0]
+
+
+def test_record_arriving_during_the_wait_is_in_its_block():
+    job = Job(3, timeout=5.0)
+    job.post(1, SITE, 1)
+    poster = threading.Timer(0.05, job.post, (2, SITE, 1))
+    poster.start()
+    took = job.call(1)
+    poster.join()
+    assert took < 5.0
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(3)]
+
+
+def test_late_record_for_a_closed_call_is_emitted_alone():
+    job = Job(3, timeout=0.1)
+    job.post(1, SITE, 1)
+    job.call(1)  # rank 2 misses the deadline
+    job.post(2, SITE, 1)  # ... and its record arrives late
+    for rank in (1, 2):
+        job.post(rank, SITE, 2)
+    job.call(2)
+    assert job.during(("block", SITE, 2)) == [(SITE, 1, 2)] + [(SITE, 2, r) for r in range(3)]
+    job.flush()
+    assert job.during(("flush",)) == []
+    assert [s for s in job.handler.seen if s[1:] == (SITE, 1, 2)] == [(("block", SITE, 2), SITE, 1, 2)]
+
+
+def test_call_the_main_process_never_makes_is_flushed_at_exit():
+    job = Job(3, timeout=0.5)
+    job.post(1, OTHER, 1)  # `if not is_main_process: logger.info(..., in_order=True)`
+    job.post(2, OTHER, 1)
+    for rank in (1, 2):
+        job.post(rank, SITE, 1)
+    job.call(1)
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(3)]
+    job.post(2, OTHER, 2)
+    job.flush()
+    assert sorted(job.during(("flush",))) == [(OTHER, 1, 1), (OTHER, 1, 2), (OTHER, 2, 2)]
+    assert "never made" in job.warnings[-1] and "rank(s) 1, 2" in job.warnings[-1]
+
+
+def test_absent_rank_is_not_waited_for_until_it_posts_again():
+    job = Job(3, timeout=0.3)
+    job.post(1, SITE, 1)
+    assert job.call(1) >= 0.3  # rank 2 has gone quiet: one timeout
+    job.post(1, SITE, 2)
+    assert job.call(2) < 0.15  # absent: not waited for, and no second warning
+    assert len(job.warnings) == 1
+    for count in (2, 3):  # it comes back: a late record, then one in time
+        job.post(2, SITE, count)
+    job.post(1, SITE, 3)
+    job.call(3)
+    assert job.during(("block", SITE, 3)) == [(SITE, 2, 2)] + [(SITE, 3, r) for r in range(3)]
+    job.post(1, SITE, 4)
+    poster = threading.Timer(0.05, job.post, (2, SITE, 4))
+    poster.start()
+    job.call(4)  # waited for again
+    poster.join()
+    assert job.during(("block", SITE, 4)) == [(SITE, 4, r) for r in range(3)]
+    assert len(job.warnings) == 1
+
+
+def test_store_size_stays_bounded_whatever_the_number_of_calls():
+    world_size = 4
+    job = Job(world_size, timeout=1.0)
+    bound = 1 + (world_size - 1) * (transport.CLEAN_EVERY + transport.PUBLISH_EVERY)
+    sizes = []
+    for count in range(1, 401):
+        for rank in range(1, world_size):
+            job.post(rank, SITE, count)
+        job.call(count)
+        sizes.append(job.store.num_keys())
+    assert max(sizes) <= bound, (max(sizes), bound)
+    assert max(sizes[200:]) <= max(sizes[:200])
+    assert len(job.handler.seen) == 400 * world_size
+
+
+def test_rank_deletes_only_what_the_main_process_has_read():
+    job = Job(2, timeout=0.2, publish_every=1, clean_every=1)
+    for count in range(1, 6):  # the rank runs ahead of the main process
+        job.post(1, SITE, count)
+    job.call(1)
+    job.post(1, SITE, 6)  # cleans up: only record 1 is read
+    assert sorted(job.store.data) == sorted([transport.READ_KEY] + [transport.key(1, n) for n in range(1, 6)])
+    for count in range(2, 7):
+        assert job.call(count) < 0.2
+    assert len(job.handler.seen) == 12 and not job.warnings
+
+
+def test_failed_clean_up_does_not_fail_the_post_and_is_retried():
+    job = Job(2, timeout=0.2, publish_every=1, clean_every=1)
+    job.post(1, SITE, 1)
+    job.call(1)
+    real_delete = job.store.delete_key
+    job.store.delete_key = lambda key: (_ for _ in ()).throw(RuntimeError("store hiccup"))
+    job.post(1, SITE, 2)  # delivered, although its clean-up failed
+    job.store.delete_key = real_delete
+    job.call(2)
+    job.post(1, SITE, 3)  # cleans up records 1 and 2
+    assert sorted(job.store.data) == sorted([transport.READ_KEY, transport.key(1, 2)])
+    assert len(job.handler.seen) == 4 and not job.warnings
+
+
+def test_main_process_deletes_nothing_and_publishes_rarely():
+    job = Job(3)
+    for count in range(1, 17):
+        for rank in (1, 2):
+            job.post(rank, SITE, count)
+        job.store.calls.clear()
+        job.call(count)
+        assert not [c for c in job.store.calls if c[0] not in ("wait", "multi_get", "set")]
+        assert len([c for c in job.store.calls if c[0] == "set"]) == (1 if count % transport.PUBLISH_EVERY == 0 else 0)
+
+
+def test_bad_record_in_a_batch_costs_only_itself():
+    job = Job(4, timeout=0.2)
+    job.post(1, SITE, 1)
+    job.outboxes[2].post(b"not a record")
+    job.post(3, SITE, 1)
+    job.call(1)
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, 0), (SITE, 1, 1), (SITE, 1, 3)]
+    assert job.warnings  # the bad record is reported, whatever the codec says about it
+
+
+def test_store_that_fails_costs_the_block_not_the_call():
+    job = Job(3)
+
+    def broken(*args, **kwargs):
+        raise OSError("connection reset")
+
+    job.store.wait = broken
+    job.call(1)
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, 0)]
+    assert "could not read the other ranks' records" in job.warnings[0]
+
+
+# -- property: random arrival orders, lateness and absences ---------------------------------------
+
+FATES = ("on_time", "late", "skip", "dropped")
+
+
+@st.composite
+def schedules(draw):
+    world_size = draw(st.integers(2, 5))
+    calls = draw(st.integers(1, 4))
+    fates = {
+        (rank, count): draw(st.sampled_from(FATES)) for rank in range(1, world_size) for count in range(1, calls + 1)
+    }
+    extras = draw(st.lists(st.tuples(st.integers(1, world_size - 1), st.integers(0, 2 * calls)), max_size=4))
+    shuffle = draw(st.randoms(use_true_random=False))
+    intervals = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))  # publish_every, clean_every
+    return world_size, calls, fates, extras, shuffle, intervals
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedules())
+def test_every_record_exactly_once_blocks_in_rank_order_waits_bounded(schedule):
+    world_size, calls, fates, extras, shuffle, (publish_every, clean_every) = schedule
+    timeout = 0.02
+    job = Job(world_size, timeout=timeout, publish_every=publish_every, clean_every=clean_every)
+    # A post happens in a slot: 2(c-1) is before the main process's call c, 2(c-1)+1 after it.
+    posts = []
+    for (rank, count), fate in fates.items():
+        if fate != "skip":
+            posts.append((2 * (count - 1) + (fate == "late"), rank, SITE, count, fate == "dropped"))
+    extra_counts = {}
+    for rank, slot in sorted(extras):
+        extra_counts[rank] = extra_counts.get(rank, 0) + 1
+        posts.append((slot, rank, OTHER, extra_counts[rank], False))
+    shuffle.shuffle(posts)  # any order across ranks; each rank's own order is its program order below
+    posts.sort(key=lambda p: (p[0], p[2] == OTHER and p[3] or 0))
+
+    def post_slot(slot):
+        for _, rank, site, count, dropped in [p for p in posts if p[0] == slot]:
+            job.post(rank, site, count, dropped)
+
+    for count in range(1, calls + 1):
+        post_slot(2 * (count - 1))
+        assert job.call(count) <= timeout + SLACK
+        post_slot(2 * (count - 1) + 1)
+    post_slot(2 * calls)
+    job.flush()
+
+    expected = {(SITE, c, 0) for c in range(1, calls + 1)}
+    expected |= {(site, count, rank) for _, rank, site, count, dropped in posts if not dropped}
+    emitted = [(site, count, rank) for _, site, count, rank in job.handler.seen]
+    assert sorted(emitted) == sorted(expected)  # each exactly once
+    for count in range(1, calls + 1):
+        phase = job.during(("block", SITE, count))
+        own = [i for i, (site, c, _) in enumerate(phase) if (site, c) == (SITE, count)]
+        ranks = [phase[i][2] for i in own]
+        assert own == list(range(own[0], own[0] + len(own))), phase  # one contiguous block ...
+        assert ranks == sorted(ranks) and ranks[0] == 0, phase  # ... in rank order, main process first
+        on_time = {r for (r, c), fate in fates.items() if c == count and fate == "on_time"}
+        assert on_time <= set(ranks), (on_time, phase)
+    assert {(s, c, r) for _, s, c, r in job.handler.seen if _ == ("flush",) and s == OTHER} == {
+        (site, count, rank) for _, rank, site, count, _d in posts if site == OTHER
+    }
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logger():
+    yield
+    logging.getLogger(LOGGER).handlers[:] = []
