@@ -38,5 +38,6 @@ UPSTREAM_VENV=${AIF_UPSTREAM_VENV:-.venv-upstream}
 UPY=$UPSTREAM_VENV/bin/python
 [ -x "$UPY" ] || python3 -m venv "$UPSTREAM_VENV"
 "$UPY" -m pip install -q --disable-pip-version-check torch==2.13.0
-"$UPY" -m pip install -q --disable-pip-version-check pytest setuptools wheel \
+# ruff: the pin of accelerate's `make quality` (setup.py, extras["quality"]), run on the patches.
+"$UPY" -m pip install -q --disable-pip-version-check pytest setuptools wheel ruff==0.13.1 \
   numpy packaging psutil pyyaml huggingface_hub safetensors
