@@ -151,7 +151,9 @@ def run_pytest(tree, accelerate_path, tests):
     """
     cmd = [upstream_python(), "-m", "pytest", "-q", "-rA", "--durations=0", "--durations-min=0",
            "-p", "no:cacheprovider", *tests]
-    return _launch.run(cmd, env=upstream_env(accelerate_path), timeout=300, cwd=str(tree))
+    # Room for every regression test to fail at its bound, plus test_logging.py and start-up.
+    timeout = len(ALL_REGRESSION_TESTS) * REGRESSION_BOUND + 60
+    return _launch.run(cmd, env=upstream_env(accelerate_path), timeout=timeout, cwd=str(tree))
 
 
 def durations(job):
