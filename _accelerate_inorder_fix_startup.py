@@ -23,6 +23,7 @@ see accelerate as it is before any patch).
 import os
 import sys
 
+
 SWITCH_ENV = "ACCELERATE_INORDER_FIX"
 STARTUP_ENV = "ACCELERATE_INORDER_FIX_STARTUP"
 OFF_WORDS = ("0", "off", "false", "no")

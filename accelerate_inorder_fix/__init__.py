@@ -8,15 +8,18 @@ that every rank enters, whatever it will print: records come out in rank order a
 
 `ACCELERATE_INORDER_FIX=0` turns the automatic patch off; `patch()`, `unpatch()` and `is_patched()`
 control it explicitly; `configure(mode=..., timeout=...)` picks the in_order mode.
+
+Layers, each importing only those below it: `tools/` (command line, scenarios, benchmarks) ->
+`_patcher` -> `_wrapper` -> `gather/` -> `config`, `_callsite`, `_upstream`, `_diagnostics`.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
-from ._config import configure
-from ._wiring import UnknownAccelerateWarning, is_patched, patch, unpatch
+from ._patcher import UnknownAccelerateWarning, is_patched, patch, unpatch
+from ._patcher import auto_patch as _auto_patch
+from .config import configure
+
 
 __all__ = ["UnknownAccelerateWarning", "__version__", "configure", "is_patched", "patch", "unpatch"]
-
-from ._wiring import auto_patch as _auto_patch
 
 _auto_patch()

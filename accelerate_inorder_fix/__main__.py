@@ -2,6 +2,7 @@
 
 import sys
 
-from .cli import main
+from .tools.cli import main
+
 
 sys.exit(main())

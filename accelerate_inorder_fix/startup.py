@@ -16,6 +16,9 @@ import sys
 
 import _accelerate_inorder_fix_startup as _hook
 
+from ._patcher import is_patched
+
+
 DISTRIBUTION = "accelerate-inorder-fix"
 PTH_NAME = _hook.PTH_NAME
 
@@ -55,8 +58,6 @@ def patched_by():
     'import' covers user code that imported the package or called `patch()` before accelerate was
     loaded; 'start-up hook' means the hook imported the package when accelerate.logging loaded.
     """
-    from ._wiring import is_patched
-
     if not is_patched():
         return None
     return "start-up hook" if _hook.state["imported_package"] else "import"
@@ -73,8 +74,6 @@ def status():
     - hook_error: the one line a failed hook printed, or None;
     - accelerate_imported / patched / patched_by: the state of `MultiProcessAdapter.log` now.
     """
-    from ._wiring import is_patched
-
     return {
         "hook_file": hook_path(),
         "hook_installed": hook_installed(),

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parents[1]
 PTH_NAME = "_accelerate_inorder_fix_startup.pth"
 RUN_TIMEOUT = 30
@@ -34,18 +35,29 @@ RUN_TIMEOUT = 30
 def build_venv(workdir):
     """A venv holding only this package (no dependencies: `python -c pass` never imports them)."""
     dist, venv = workdir / "dist", workdir / "venv"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist),
-                    str(REPO)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO)],
+        check=True,
+        timeout=300,
+    )
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     wheel = next(dist.glob("*.whl"))
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, timeout=300)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        timeout=300,
+    )
     return venv
 
 
 def find_pth(python):
-    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True, timeout=RUN_TIMEOUT).stdout.strip()
+    out = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=RUN_TIMEOUT,
+    ).stdout.strip()
     path = Path(out) / PTH_NAME
     if not path.is_file():
         sys.exit(f"{path} not found: is accelerate-inorder-fix installed (not editable) in that venv?")
@@ -60,8 +72,15 @@ def _children_cpu():
 def time_once(python, env):
     """(wall ms, CPU ms) of one `python -c pass`."""
     cpu, start = _children_cpu(), time.perf_counter()
-    subprocess.run([python, "-c", "pass"], env=env, check=True, timeout=RUN_TIMEOUT,
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [python, "-c", "pass"],
+        env=env,
+        check=True,
+        timeout=RUN_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return (time.perf_counter() - start) * 1000.0, (_children_cpu() - cpu) * 1000.0
 
 
@@ -69,8 +88,14 @@ def hook_import_us(python, env, runs=50):
     """Median cumulative import time of the hook module, in microseconds, from `-X importtime`."""
     samples = []
     for _ in range(runs):
-        err = subprocess.run([python, "-X", "importtime", "-c", "pass"], env=env, capture_output=True, text=True,
-                             check=True, timeout=RUN_TIMEOUT).stderr
+        err = subprocess.run(
+            [python, "-X", "importtime", "-c", "pass"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=RUN_TIMEOUT,
+        ).stderr
         for line in err.splitlines():
             if line.rstrip().endswith("_accelerate_inorder_fix_startup"):
                 samples.append(int(line.split("|")[1]))
@@ -134,18 +159,24 @@ def main():
         import_us = hook_import_us(python, base)
 
     version = sys.version.split()[0]
-    print(f"# python -c pass, {platform.machine()}, {os.cpu_count()} cores, Python {version}, "
-          f"{time.strftime('%Y-%m-%d')}")
+    print(
+        f"# python -c pass, {platform.machine()}, {os.cpu_count()} cores, Python {version}, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
     if args.markdown:
-        print("| case | without hook, median ms | with hook, median ms | added, median of pairs ms | "
-              "added, IQR ms | pairs |")
+        print(
+            "| case | without hook, median ms | with hook, median ms | added, median of pairs ms | "
+            "added, IQR ms | pairs |"
+        )
         print("|---|---|---|---|---|---|")
         for label, off, on, diff, q1, q3, n in rows:
             print(f"| {label} | {off:.2f} | {on:.2f} | {diff:+.2f} | {q1:+.2f} .. {q3:+.2f} | {n} |")
     else:
         for label, off, on, diff, q1, q3, n in rows:
-            print(f"{label:34s} without {off:6.2f} ms  with {on:6.2f} ms  added {diff:+.2f} ms "
-                  f"(IQR {q1:+.2f} .. {q3:+.2f}, {n} pairs)")
+            print(
+                f"{label:34s} without {off:6.2f} ms  with {on:6.2f} ms  added {diff:+.2f} ms "
+                f"(IQR {q1:+.2f} .. {q3:+.2f}, {n} pairs)"
+            )
     print(f"-X importtime of _accelerate_inorder_fix_startup (cumulative, median of 50): {import_us} us")
 
 

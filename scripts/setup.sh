@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${AIF_VENV:-.venv}
 PY=$VENV/bin/python
-RELEASES=${AIF_RELEASES:-"0.21.0 0.34.2 1.12.0 1.13.0 1.15.0"}
+RELEASES=${AIF_RELEASES:-$(grep -v "^#" scripts/releases.txt | tr "\n" " ")}
 
 [ -x "$PY" ] || python3 -m venv "$VENV"
 "$PY" -m pip install -q --disable-pip-version-check torch==2.13.0

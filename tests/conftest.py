@@ -20,13 +20,19 @@ import pytest
 
 import _accelerate_inorder_fix_startup as _startup_hook
 
+
 os.environ["ACCELERATE_INORDER_FIX_STARTUP"] = "0"
 _startup_hook.uninstall()
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
-RELEASES = ["0.21.0", "0.34.2", "1.12.0", "1.13.0", "1.15.0"]
-LATEST = "1.15.0"
+RELEASES = [
+    line.strip()
+    for line in (REPO / "scripts" / "releases.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+]
+LATEST = RELEASES[-1]
+SCRIPTS = Path(__file__).resolve().parent / "jobs" / "scripts"
 
 
 def accelerate_dir(version):
@@ -60,5 +66,6 @@ def run_script(path, *args, version=LATEST, env=None, timeout=60):
     full_env = dict(os.environ)
     full_env.update(env or {})
     full_env["PYTHONPATH"] = os.pathsep.join([accelerate_dir(version), str(REPO)])
-    return subprocess.run([sys.executable, str(path), *args], env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(path), *args], env=full_env, capture_output=True, text=True, timeout=timeout
+    )

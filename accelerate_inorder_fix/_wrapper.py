@@ -1,0 +1,105 @@
+"""The contract: what `MultiProcessAdapter.log` does once patched.
+
+A collective must be reached by every rank on the same control path, whatever that rank will print.
+Upstream puts the in_order barriers behind rank-local conditions (`_should_log`, `isEnabledFor`), so a
+rank that prints nothing skips them and the job deadlocks or desynchronises. Here the synchronisation
+comes first and unconditionally; each rank's own level, filters and handlers only decide whether it
+emits its record in its turn.
+
+- `in_order=False`: upstream's own behaviour, restated for the known bodies (no extra frame).
+- `in_order=True`: a collective call on every rank; `main_process_only` is ignored (as in 1.13+).
+  Barrier mode takes N turns of upstream's `wait_for_everyone()`; gather mode hands the record to
+  `gather.GATHER`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import _callsite
+from ._diagnostics import warn_once
+from ._upstream import UpstreamBody
+from .config import SETTINGS, Settings
+from .gather import GATHER, GatherSession
+
+
+def _emit(adapter, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
+    """Emit one record through the rank's own logger, exactly as upstream's working path does."""
+    if not adapter.isEnabledFor(level):
+        return
+    try:
+        msg, kwargs = adapter.process(msg, kwargs)
+        adapter.logger.log(level, msg, *args, **kwargs)
+    except Exception as exc:  # a filter or handler that raises must not skip the barrier after it
+        warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+
+
+def _barrier(state) -> bool:
+    """Upstream's own synchronisation. False when it failed (the job is already broken)."""
+    try:
+        state.wait_for_everyone()
+    except Exception as exc:
+        warn_once(("barrier", type(exc)), f"in_order synchronisation failed, logging unordered: {exc!r}")
+        return False
+    return True
+
+
+def _in_turns(state, adapter, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
+    """Barrier mode: N turns, every rank at every barrier; a rank emits in its own turn."""
+    _callsite.one_frame_deeper(kwargs)  # `_emit` is called from here, not from the wrapper
+    rank = state.process_index
+    for turn in range(state.num_processes):
+        if turn == rank:
+            _emit(adapter, level, msg, args, kwargs)
+        if not _barrier(state):
+            if turn < rank:  # our turn has not come: emit unordered rather than lose the record
+                _emit(adapter, level, msg, args, kwargs)
+            return
+
+
+def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: GatherSession = GATHER) -> Callable:
+    """The wrapt wrapper for `MultiProcessAdapter.log(level, msg, *args, **kwargs)`, bound to `body`.
+
+    Imports accelerate: call it once accelerate.logging is loaded.
+    """
+    from accelerate.state import PartialState
+
+    def log_in_order(wrapped, instance, args, kwargs):
+        in_order = kwargs.get("in_order")
+        if not PartialState._shared_state or not (in_order or body.known):
+            # Upstream's RuntimeError, word for word; or the plain path of a forced unknown body, which
+            # we cannot restate (its in_order path is replaced all the same). Upstream's body is one
+            # frame below us, so its caller is one frame further.
+            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 1)
+            return wrapped(*args, **kwargs)
+        if not in_order:
+            # The plain path, every log call of a job. The three known upstream bodies agree on it:
+            # drop what the level drops, gate on main_process_only, emit through process(). Restated
+            # here rather than delegated, so no extra frame sits between the user and logging (a
+            # frame costs findCaller more than this whole wrapper).
+            level = args[0]
+            if not instance.isEnabledFor(level):
+                return None
+            kwargs.pop("in_order", None)
+            if not instance._should_log(kwargs.pop("main_process_only", True)):
+                return None
+            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 0)
+            msg, kwargs = instance.process(args[1], kwargs)
+            instance.logger.log(level, msg, *args[2:], **kwargs)
+            return None
+
+        level, msg, *rest = args
+        kwargs.pop("in_order")
+        kwargs.pop("main_process_only", None)
+        # `_emit` and the gather session log one frame below this wrapper.
+        kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 1)
+        state = PartialState()
+        if state.num_processes <= 1:
+            _emit(instance, level, msg, rest, kwargs)
+        elif settings.mode() == "gather" and gather.usable(state, settings):
+            gather.log(state, instance, level, msg, rest, kwargs, _callsite.call_site(body, 0))
+        else:
+            _in_turns(state, instance, level, msg, rest, kwargs)
+        return None
+
+    return log_in_order

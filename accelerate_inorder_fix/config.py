@@ -1,0 +1,163 @@
+"""Settings: every environment variable the package reads is spelled here, and only here.
+
+Users set:
+
+- `ACCELERATE_INORDER_FIX`: `0`/`off`/`false`/`no` turns the automatic patch off (start-up hook and
+  `import accelerate_inorder_fix`); `force` also patches a `log` body this package does not know; unset,
+  `1`/`on`/`true`/`yes` mean on. An explicit `patch()` call always patches.
+- `ACCELERATE_INORDER_FIX_STARTUP`: `0`/`off`/`false`/`no` leaves only the start-up hook unarmed.
+- `ACCELERATE_INORDER_MODE`: `barrier` (default) or `gather`, in any case.
+- `ACCELERATE_INORDER_TIMEOUT`: seconds (a finite number > 0, default 30) the main process waits for a
+  rank's record in gather mode.
+
+A bad value never passes silently: the process says once, on stderr, which variable, which value,
+and what it uses instead. `configure()` raises `ValueError` for the same values.
+
+Internal variables (the tools' job markers and scenario switches) share the prefix `AIF_`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Optional
+
+# The start-up hook reads the switch without importing this package (wrapt, accelerate); its words
+# live in that tiny top-level module and are shared from there.
+from _accelerate_inorder_fix_startup import STARTUP_ENV, SWITCH_ENV, switch
+
+from ._diagnostics import warn_once
+
+
+__all__ = [
+    "DEFAULT_MODE",
+    "DEFAULT_TIMEOUT",
+    "MODES",
+    "MODE_ENV",
+    "SETTINGS",
+    "STARTUP_ENV",
+    "SWITCH_ENV",
+    "TIMEOUT_ENV",
+    "Settings",
+    "configure",
+    "parse_mode",
+    "parse_timeout",
+    "switch",
+]
+
+MODE_ENV = "ACCELERATE_INORDER_MODE"
+TIMEOUT_ENV = "ACCELERATE_INORDER_TIMEOUT"
+# Internal: the tools mark every process of a job they start, and tell scenario ranks what to do.
+JOB_MARKER_ENV = "AIF_JOB_ID"
+CHECK_MARKER_ENV = "AIF_CHECK_ID"
+SCENARIO_PATCH_ENV = "AIF_PATCH"
+SCENARIO_CRASH_ENV = "AIF_CRASH"
+
+MODES = ("barrier", "gather")
+DEFAULT_MODE = "barrier"
+DEFAULT_TIMEOUT = 30.0
+
+
+def parse_mode(value: object) -> str:
+    """The mode word `value` names ('barrier' or 'gather', any case, spaces ignored), or ValueError."""
+    word = str(value).strip().lower()
+    if word not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)} (any case), not {value!r}")
+    return word
+
+
+def parse_timeout(value: object) -> float:
+    """`value` as a finite number of seconds > 0, or ValueError.
+
+    Infinity is refused: every gather wait has a bound, so a job never hangs on a rank that is gone.
+    """
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"timeout must be a number of seconds, not {value!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"timeout must be a finite number of seconds greater than 0, not {value!r}")
+    return seconds
+
+
+class Settings:
+    """The mode and timeout in effect: `configure()` overrides, else the environment, else defaults.
+
+    The environment is read at every use (cheap, and a launcher may set it late); a bad value is
+    reported once per process and variable, and the default is used.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mode: Optional[str] = None
+        self._timeout: Optional[float] = None
+
+    def _from_env(self, name: str, parse, default):
+        raw = os.environ.get(name)
+        if raw is None or not raw.strip():
+            return default
+        try:
+            return parse(raw)
+        except ValueError as exc:
+            warn_once(("setting", name, raw), f"{name}={raw!r} is not valid ({exc}); using {default!r}")
+            return default
+
+    def mode(self) -> str:
+        """'barrier' or 'gather'."""
+        return self._mode or self._from_env(MODE_ENV, parse_mode, DEFAULT_MODE)
+
+    def timeout(self) -> float:
+        """Seconds a gather-mode wait may last."""
+        return self._timeout or self._from_env(TIMEOUT_ENV, parse_timeout, DEFAULT_TIMEOUT)
+
+    def mode_source(self) -> str:
+        """Where the mode comes from: 'configure()', the variable's name, or 'default'."""
+        if self._mode:
+            return "configure()"
+        raw = os.environ.get(MODE_ENV, "")
+        try:
+            return MODE_ENV if raw.strip() and parse_mode(raw) else "default"
+        except ValueError:
+            return "default"
+
+    def timeout_source(self) -> str:
+        if self._timeout:
+            return "configure()"
+        raw = os.environ.get(TIMEOUT_ENV, "")
+        try:
+            return TIMEOUT_ENV if raw.strip() and parse_timeout(raw) else "default"
+        except ValueError:
+            return "default"
+
+    def configure(self, mode: Optional[str] = None, timeout: Optional[float] = None) -> None:
+        """Validate both values first, then apply them together (a bad call changes nothing)."""
+        new_mode = parse_mode(mode) if mode is not None else None
+        new_timeout = parse_timeout(timeout) if timeout is not None else None
+        with self._lock:
+            if new_mode is not None:
+                self._mode = new_mode
+            if new_timeout is not None:
+                self._timeout = new_timeout
+
+    def reset(self) -> None:
+        """Forget `configure()` overrides (tests)."""
+        with self._lock:
+            self._mode = self._timeout = None
+
+
+SETTINGS = Settings()
+
+
+def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> None:
+    """Override the in_order mode and/or the gather timeout for this process.
+
+    Args:
+        mode (`str`, *optional*): `"barrier"` or `"gather"` (any case). Call it with the same value on
+            every rank; where ranks disagree, the main process's mode is used and the others say so.
+        timeout (`float`, *optional*): seconds the main process waits for a rank's record in gather
+            mode; a finite number greater than 0.
+
+    `None` leaves a setting as it is. Raises `ValueError` on a bad value, and then changes nothing.
+    """
+    SETTINGS.configure(mode=mode, timeout=timeout)

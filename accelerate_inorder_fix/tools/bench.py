@@ -1,0 +1,194 @@
+"""Benchmark: the cost of one `logger.info(..., in_order=True)` call, on the slowest rank.
+
+For each world size one real job (torchrun, CPU gloo) runs every variant in the same processes,
+interleaved round by round so that they share the machine's load (a paired run):
+
+- `upstream`: accelerate's own `MultiProcessAdapter.log`, unpatched (every rank enabled: the setup
+  where upstream works);
+- `barrier`: this package, barrier mode;
+- `gather`: this package, gather mode;
+- and a plain call (`logger.info(msg)`, no in_order) unpatched vs patched.
+
+A batch is `--calls` calls started together after a barrier; its time is the slowest rank's, and a
+variant's figure is the median over `--rounds` batches, per call. Records go to a handler writing to
+os.devnull, so terminal speed is not measured.
+
+    accelerate-inorder-fix bench            # short: 2 and 4 ranks, 3 rounds (about a minute on 2 cores)
+    accelerate-inorder-fix bench --full     # the recorded run: 2, 4 and 8 ranks, 5 rounds
+    accelerate-inorder-fix bench --sizes 2,4,8 --calls 20 --rounds 5 --json FILE
+
+`main(argv)` is the entry point for a CLI; it prints a Markdown table and returns the results.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+
+# The folder that holds the package (a source tree or site-packages): the ranks import it from there.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULT_TAG = "@@BENCH "
+IN_ORDER_VARIANTS = ("upstream", "barrier", "gather")
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker (every rank of one job)
+# ---------------------------------------------------------------------------------------------
+
+
+def _worker(calls, rounds, plain_calls):
+    import logging
+
+    import accelerate
+    import torch
+    import torch.distributed as dist
+    from accelerate import PartialState
+    from accelerate.logging import get_logger
+
+    import accelerate_inorder_fix as fix
+
+    state = PartialState(cpu=True)
+    base = logging.getLogger("aif.bench")
+    sink = open(os.devnull, "w")
+    handler = logging.StreamHandler(sink)
+    handler.setFormatter(logging.Formatter("%(message)s %(funcName)s:%(lineno)d"))
+    base.addHandler(handler)
+    base.setLevel(logging.INFO)
+    base.propagate = False
+    log = get_logger("aif.bench")
+
+    def use(variant):
+        if variant in ("upstream", "plain_unpatched"):
+            fix.unpatch()
+        else:
+            fix.patch()
+            fix.configure(mode="gather" if variant == "gather" else "barrier")
+
+    def batch(variant, n, in_order):
+        use(variant)
+        dist.barrier()
+        start = time.perf_counter()
+        for i in range(n):
+            log.info("step %d", i, in_order=in_order) if in_order else log.info("step %d", i)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's time
+        return elapsed.item() / n
+
+    samples = {v: [] for v in (*IN_ORDER_VARIANTS, "plain_unpatched", "plain_patched")}
+    for warmup in (True, False):
+        for round_ in range(1 if warmup else rounds):
+            # Each round starts with another variant, so none always runs first (or last).
+            shift = round_ % len(IN_ORDER_VARIANTS)
+            for variant in IN_ORDER_VARIANTS[shift:] + IN_ORDER_VARIANTS[:shift]:
+                per_call = batch(variant, 2 if warmup else calls, True)
+                if not warmup:
+                    samples[variant].append(per_call)
+            for variant in ("plain_unpatched", "plain_patched")[:: 1 if round_ % 2 else -1]:
+                per_call = batch(variant, 20 if warmup else plain_calls, False)
+                if not warmup:
+                    samples[variant].append(per_call)
+    if state.is_main_process:
+        medians = {v: statistics.median(s) for v, s in samples.items()}
+        sys.stdout.write(
+            RESULT_TAG
+            + json.dumps({"world_size": state.num_processes, "accelerate": accelerate.__version__, "seconds": medians})
+            + "\n"
+        )
+        sys.stdout.flush()
+    fix.unpatch()
+    sink.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_size(size, args):
+    from . import launch as _launch
+
+    cmd = _launch.launch_command(
+        [
+            os.path.abspath(__file__),
+            "--worker",
+            "--calls",
+            str(args.calls),
+            "--rounds",
+            str(args.rounds),
+            "--plain-calls",
+            str(args.plain_calls),
+        ],
+        size,
+    )
+    env = dict(os.environ, ACCELERATE_INORDER_FIX="0", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+    job = _launch.run(cmd, env=env, timeout=args.job_timeout)
+    for line in job.lines:
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG) :])
+    raise RuntimeError(f"world size {size}: no result ({job}); stderr tail:\n{job.stderr[-2000:]}")
+
+
+def table(results):
+    """Markdown table of per-call times (ms) and ratios, one row per world size."""
+    rows = [
+        "| ranks | upstream in_order | barrier | gather | gather speed-up | barrier vs upstream "
+        "| plain unpatched | plain patched | plain overhead |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for result in results:
+        s = result["seconds"]
+        ms = {k: v * 1e3 for k, v in s.items()}
+        rows.append(
+            f"| {result['world_size']} | {ms['upstream']:.2f} ms | {ms['barrier']:.2f} ms | {ms['gather']:.3f} ms "
+            f"| {s['upstream'] / s['gather']:.1f}x | {100 * (s['barrier'] / s['upstream'] - 1):+.1f}% "
+            f"| {ms['plain_unpatched'] * 1e3:.1f} us | {ms['plain_patched'] * 1e3:.1f} us "
+            f"| {100 * (s['plain_patched'] / s['plain_unpatched'] - 1):+.1f}% |"
+        )
+    return "\n".join(rows)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--full", action="store_true", help="the recorded run: --sizes 2,4,8 --rounds 5")
+    parser.add_argument("--sizes", default=None, help="world sizes, comma-separated (default 2,4; --full 2,4,8)")
+    parser.add_argument("--calls", type=int, default=20, help="in_order calls per batch (default 20)")
+    parser.add_argument("--rounds", type=int, default=None, help="batches per variant (default 3; --full 5)")
+    parser.add_argument("--plain-calls", type=int, default=2000, help="plain calls per batch (default 2000)")
+    parser.add_argument("--job-timeout", type=float, default=600.0, help="hard limit per job, seconds")
+    parser.add_argument("--json", help="also write the raw results to this file")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None):
+    """Run the benchmark; print the table (and machine line); return the list of results."""
+    args = _parser().parse_args(argv)
+    args.sizes = args.sizes or ("2,4,8" if args.full else "2,4")
+    args.rounds = args.rounds or (5 if args.full else 3)
+    if args.worker:
+        _worker(args.calls, args.rounds, args.plain_calls)
+        return None
+    results = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        print(f"world size {size} ...", file=sys.stderr, flush=True)
+        results.append(_run_size(size, args))
+    print(
+        f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, accelerate {results[0]['accelerate']}; {args.calls} in_order calls "
+        f"x {args.rounds} rounds, {args.plain_calls} plain calls x {args.rounds} rounds; median per call, "
+        "slowest rank\n"
+    )
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+"""`accelerate-inorder-fix check`: show the bug and the fix on this machine, with real CPU ranks.
+
+Every scenario of `scenarios.py` runs twice under torchrun (gloo): unpatched, one job per scenario so a
+deadlock in one cannot hide what the others do, and patched, all scenarios in one job. The jobs run
+side by side (starting ranks costs CPU; a deadlocked job only waits for its stall watchdog), each in
+a child process that either imports the package or does not: this process, which has imported it,
+never runs a scenario itself.
+
+Every process a job starts carries `CHECK_MARKER_ENV` in its environment, so an interrupted check can
+find and kill them all, whichever launcher started them and in whatever session.
+"""
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+from ..config import CHECK_MARKER_ENV
+from . import launch as _launch
+from . import scenarios
+
+
+# Jobs run side by side: starting ranks is CPU work, while a deadlocked job only waits for its
+# watchdog, so overlapping them is what keeps `check` near a minute. Each process (rank or launcher)
+# holds torch in memory, so memory, not CPU, bounds how many run at once.
+MAX_PROCESSES_AT_ONCE = 40
+MEMORY_PER_PROCESS = 300 * 2**20
+# A job that never prints (it hangs before its first record) is only caught by this deadline.
+HARD_DEADLINE = 240.0
+PROGRESS_EVERY = 15.0
+
+DESCRIPTIONS = {
+    "default": "info(msg, in_order=True)",
+    "all_processes": "... with main_process_only=False",
+    "rank_levels": "rank 0 at INFO, other ranks at WARNING",
+    "disabled_odd": "logging.disable on odd ranks",
+    "exception": "exception(...) inside except",
+    "many": "8 in_order calls among plain ones",
+    "caller": "caller file/line of the records",
+}
+
+
+class Outcome:
+    """The verdict of one scenario in one column: a short word for the table and the detail."""
+
+    def __init__(self, word, detail="", ok=False):
+        self.word, self.detail, self.ok = word, detail, ok
+
+
+def _ranks_text(ranks, nproc):
+    if list(ranks) == list(range(nproc)):
+        return "all ranks"
+    return "ranks " + ",".join(str(r) for r in ranks) if len(ranks) > 1 else f"rank {ranks[0]}"
+
+
+def judge(name, nproc, job):
+    """Outcome of scenario `name` in a finished (or killed) job."""
+    finished = scenarios.done_ranks(job.lines, name)
+    if finished != set(range(nproc)) and job.killed is None and job.returncode != 0:
+        tail = job.stderr.strip().splitlines()[-1:] or ["no error output"]
+        return Outcome(f"crashed (exit {job.returncode})", tail[0])
+    if not job.lines and job.killed == "timeout":
+        tail = job.stderr.strip().splitlines()[-1:] or ["nothing on stderr either"]
+        return Outcome("never started", f"no rank printed anything before the hard deadline; {tail[0]}")
+    verdict, detail = scenarios.check(name, nproc, job.lines)
+    if verdict == "deadlock":
+        stuck = sorted(set(range(nproc)) - finished)
+        how = "its output stopped" if job.killed == "stall" else "its hard deadline passed"
+        return Outcome(f"deadlock ({_ranks_text(stuck, nproc)} stuck)", f"{detail}; stopped because {how}")
+    words = {
+        "ordered": "ordered",
+        "unordered": "ignored (unordered)",
+        "desync": "desync (collectives mismatched)",
+        "missing": "records missing",
+        "caller": "wrong caller",
+        "traceback": "traceback misplaced",
+    }
+    return Outcome(words.get(verdict, verdict), detail, ok=verdict == "ordered")
+
+
+def judge_all(names, nproc, job):
+    """Outcomes of scenarios run in sequence in one job: after a deadlock the rest never ran."""
+    outcomes, blocked = {}, None
+    for name in names:
+        if blocked:
+            outcomes[name] = Outcome("not reached", f"the job stopped at {blocked}")
+            continue
+        outcomes[name] = judge(name, nproc, job)
+        if scenarios.done_ranks(job.lines, name) != set(range(nproc)):
+            blocked = name
+    return outcomes
+
+
+def _address_clash(job):
+    return job.killed is None and job.returncode != 0 and "address already in use" in job.stderr.lower()
+
+
+def _marked(check_id):
+    return _launch.leftovers(f"{CHECK_MARKER_ENV}={check_id}".encode())
+
+
+def kill_marked(check_id, settle=3.0):
+    """SIGKILL every process carrying this check's marker, until none is left (or `settle` s pass)."""
+    deadline = time.monotonic() + settle
+    while True:
+        pids = [p for p in _marked(check_id) if p != os.getpid()]
+        if not pids or time.monotonic() > deadline:
+            return pids
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+def _available_memory():
+    """Bytes of memory available now (Linux), or None when this system does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def jobs_at_once(nproc, jobs):
+    """How many jobs of `nproc` ranks (plus a launcher each) may run side by side."""
+    processes = MAX_PROCESSES_AT_ONCE
+    memory = _available_memory()
+    if memory is not None:
+        # Leave a third of what is free to everything else on the machine.
+        processes = min(processes, int(memory * 2 / 3) // MEMORY_PER_PROCESS)
+    return max(1, min(jobs, processes // (nproc + 1)))
+
+
+def _child_pythonpath():
+    """This package's folder for the ranks, unless they would find it anyway.
+
+    `python -m accelerate_inorder_fix` from a source tree finds the package through the current
+    directory (sys.path[0]); the ranks run a script elsewhere, so they need it spelled out.
+    """
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found_anyway = [os.path.abspath(p) for p in sys.path[1:] if p]
+    return [] if parent in found_anyway else [parent]
+
+
+def _job_env(check_id):
+    env = dict(os.environ)
+    env[CHECK_MARKER_ENV] = check_id
+    extra = _child_pythonpath()
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join([*filter(None, [env.get("PYTHONPATH")]), *extra])
+    # Every rank is on this machine: loopback always works, while the hostname may resolve to an
+    # address gloo cannot reach (common on cluster nodes).
+    if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in env and os.path.isdir("/sys/class/net/lo"):
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    return env
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Ignore Ctrl-C for the duration (only the main thread may change signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class Check:
+    """One run of the self-test; `run()` returns {scenario: (unpatched Outcome, patched Outcome)}."""
+
+    def __init__(self, nproc, mode=None, stall=8.0, names=None, say=None, on_start=None):
+        self.nproc, self.mode, self.stall = nproc, mode, stall
+        self.on_start = on_start or (lambda: None)
+        self.names = list(names or scenarios.SCENARIOS)
+        self.say = say or (lambda text: None)
+        self.check_id = uuid.uuid4().hex
+        self.cancelled = threading.Event()
+
+    def _launch(self, names, patched):
+        env = _job_env(self.check_id)
+        for _attempt in range(2):  # a port taken between picking and binding it: try once more
+            if self.cancelled.is_set():
+                return None
+            job = _launch.run(
+                _launch.launch_command([_launch.SCENARIO_SCRIPT, ",".join(names)], self.nproc),
+                env=_launch.scenario_env(patched, self.mode, base=env),
+                timeout=HARD_DEADLINE,
+                stall=self.stall,
+            )
+            if not _address_clash(job):
+                break
+        return job
+
+    def _unpatched(self, name):
+        job = self._launch([name], patched=False)
+        return None if job is None else {name: judge(name, self.nproc, job)}, job
+
+    def _patched(self):
+        job = self._launch(self.names, patched=True)
+        return None if job is None else judge_all(self.names, self.nproc, job), job
+
+    def run(self):
+        workers = jobs_at_once(self.nproc, len(self.names) + 1)
+        if workers < len(self.names) + 1:
+            self.say(f"  ({workers} job(s) at a time, to stay within this machine's free memory)")
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aif-check")
+        start = time.monotonic()
+        try:
+            # The patched job first: it is the longest, and it decides the exit code.
+            futures = {pool.submit(self._patched): "patched"}
+            futures.update({pool.submit(self._unpatched, name): name for name in self.names})
+            self.on_start()
+            results = self._collect(futures, start)
+        except BaseException:  # Ctrl-C, SIGTERM, or a bug here: leave no rank behind, then re-raise
+            with _sigint_ignored():  # a second Ctrl-C must not stop the clean-up half-way
+                self.cancelled.set()
+                pool.shutdown(wait=False, cancel_futures=True)
+                kill_marked(self.check_id)
+                pool.shutdown(wait=True)
+                kill_marked(self.check_id)
+            raise
+        pool.shutdown(wait=True)
+        return results
+
+    def _collect(self, futures, start):
+        unpatched, patched, pending = {}, {}, set(futures)
+        last_news = time.monotonic()
+        while pending:
+            done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+            now = time.monotonic()
+            for future in done:
+                outcomes, job = future.result()
+                label = futures[future]
+                (patched if label == "patched" else unpatched).update(outcomes)
+                self.say(self._news(label, outcomes, job, now - start))
+                last_news = now
+            if pending and now - last_news > PROGRESS_EVERY:
+                alive = len(_marked(self.check_id))
+                self.say(f"  ... {len(pending)} job(s) running ({alive} processes), {now - start:.0f} s so far")
+                last_news = now
+        return {name: (unpatched[name], patched[name]) for name in self.names}
+
+    def _news(self, label, outcomes, job, elapsed):
+        if label == "patched":
+            bad = [n for n, o in outcomes.items() if not o.ok]
+            text = "all ordered" if not bad else "NOT ordered: " + ", ".join(bad)
+            return f"  patched   (all scenarios)   {text}  [{job.elapsed:.1f} s, at {elapsed:.0f} s]"
+        return f"  unpatched {label:<16}  {outcomes[label].word}  [{job.elapsed:.1f} s, at {elapsed:.0f} s]"
+
+
+def table(results):
+    """The side-by-side verdict table, as lines."""
+    rows = [("scenario", "what it does", "unpatched", "patched")]
+    rows += [(name, DESCRIPTIONS.get(name, ""), before.word, after.word) for name, (before, after) in results.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines

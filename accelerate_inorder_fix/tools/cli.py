@@ -1,0 +1,241 @@
+"""The command line: `accelerate-inorder-fix` or `python -m accelerate_inorder_fix`.
+
+    status   what is installed, and whether a process here gets the fix
+    check    run the in_order scenarios on real CPU ranks, without and with the fix
+    bench    time the two in_order modes (barrier, gather)
+
+Exit codes: 0 success; 1 the check found a problem with the fix, or could not run; 2 bad arguments;
+130 interrupted.
+"""
+
+import argparse
+import importlib.util
+import json
+import signal
+import sys
+import threading
+import time
+
+from .. import __version__
+from .. import config as _config
+from ..config import SETTINGS
+from . import scenarios
+
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _say(text):
+    """Progress goes to stderr, so stdout holds only the result (the table, or the JSON)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def _nproc(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of ranks, not {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (in_order only matters with several ranks), not {value}")
+    return value
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="accelerate-inorder-fix",
+        description="Check that accelerate's `logger.info(msg, in_order=True)` works on this machine.",
+        epilog="Start with `check`: it shows the bug without the fix and the fix at work, in about a minute.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    status = commands.add_parser(
+        "status",
+        help="show versions, and whether a Python process here gets the fix",
+        description="Show the installed accelerate and torch, which upstream log body is installed, whether a "
+        "Python process here gets the fix and how, the in_order mode and timeout in effect, and "
+        "whether the start-up hook is installed.",
+    )
+    status.add_argument("--json", action="store_true", help="print the facts as JSON, for scripts")
+
+    check = commands.add_parser(
+        "check",
+        help="run the in_order scenarios on real CPU ranks, without and with the fix",
+        description="Start real CPU ranks (torchrun, gloo; no GPU needed) and run each in_order scenario "
+        "first without the fix, then with it. Prints a table of what happened. Exits 0 only if "
+        "every scenario is ordered with the fix.",
+    )
+    check.add_argument("--nproc", type=_nproc, default=4, metavar="N", help="ranks per job (default: 4)")
+    check.add_argument(
+        "--mode",
+        choices=_config.MODES,
+        default=None,
+        help="in_order mode of the patched run (default: the mode in effect, "
+        f"{_config.MODE_ENV} or {_config.DEFAULT_MODE})",
+    )
+    check.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=8.0,
+        metavar="S",
+        help="seconds a job may print nothing before it counts as deadlocked and is stopped (default: 8)",
+    )
+    check.add_argument(
+        "--scenario",
+        action="append",
+        choices=list(scenarios.SCENARIOS),
+        metavar="NAME",
+        help=f"run only this scenario (repeatable; default: all of {', '.join(scenarios.SCENARIOS)})",
+    )
+    check.add_argument("-v", "--verbose", action="store_true", help="explain every verdict, not only failures")
+
+    commands.add_parser(
+        "bench",
+        help="time in_order logging in barrier and gather mode",
+        description="Run the gather-mode benchmark and print its table. Any other argument goes to the "
+        "benchmark itself (`bench -- --help` shows them).",
+    )
+    return parser
+
+
+def cmd_status(args):
+    from . import status as _status
+
+    facts = _status.collect()
+    if args.json:
+        print(json.dumps(facts, indent=2, sort_keys=True))
+    else:
+        print("\n".join(_status.render(facts)))
+    return EXIT_OK
+
+
+def _interrupt_on_sigterm():
+    """SIGTERM takes the same path as Ctrl-C: the jobs' clean-up runs before the process ends."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def cmd_check(args):
+    from . import check as _check
+
+    mode = args.mode or SETTINGS.mode()
+    for name in ("accelerate", "torch"):
+        if importlib.util.find_spec(name) is None:
+            _say(f"check: {name} is not installed for {sys.executable}; nothing to check.")
+            return EXIT_FAIL
+    names = args.scenario or list(scenarios.SCENARIOS)
+    _say(
+        f"check: {len(names) + 1} jobs of {args.nproc} CPU ranks (torchrun, gloo), run side by side; "
+        f"a job silent for {args.timeout:g} s counts as deadlocked and is stopped"
+    )
+    # Importing accelerate here costs seconds of CPU: do it while the ranks start, not before.
+    header = []
+    describe = threading.Thread(target=lambda: header.append(_describe_setup(args.nproc, mode)), daemon=True)
+    check = _check.Check(args.nproc, mode=mode, stall=args.timeout, names=names, say=_say, on_start=describe.start)
+    start = time.monotonic()
+    _interrupt_on_sigterm()
+    try:
+        results = check.run()
+    except KeyboardInterrupt:
+        _say("check: interrupted; every rank it started has been stopped.")
+        return EXIT_INTERRUPTED
+    describe.join()
+    text, known_body = header[0] if header else ("(could not describe the set-up)", True)
+    print(text)
+    print()
+    print("\n".join(_check.table(results)))
+    print()
+    code = _conclude(results, args, time.monotonic() - start)
+    if code and not known_body:
+        print(
+            f"Note: the fix stands aside on a log body it was not tested against. To see it at work on "
+            f"this one, run the check again with {_config.SWITCH_ENV}=force."
+        )
+    return code
+
+
+def _describe_setup(nproc, mode):
+    """(line naming what was checked, whether the log body is known); shown as progress at once."""
+    from . import status as _status
+
+    accelerate, torch = _status.accelerate_facts(), _status.torch_facts()
+    known = True  # no note about the guard when accelerate itself is the problem
+    if not accelerate.get("installed"):
+        text = f"accelerate cannot be used here: {accelerate.get('error', 'not installed')}"
+    else:
+        known = accelerate["log_body"]["known"]
+        body = accelerate["log_body"]
+        body_text = f"log body of {body['release_line']}" if body["known"] else "UNKNOWN log body"
+        text = (
+            f"accelerate {accelerate['version']} ({body_text}), torch {torch.get('version', 'missing')}, "
+            f"{nproc} CPU ranks per job, mode {mode}"
+        )
+    _say(f"  checking {text}")
+    return text, known
+
+
+def _conclude(results, args, elapsed):
+    """Explain the verdicts that need it and turn the patched column into the exit code."""
+    for name, (before, after) in results.items():
+        if args.verbose and before.detail:
+            print(f"unpatched {name}: {before.word}: {before.detail}")
+        if not after.ok:
+            print(f"patched {name}: {after.word}: {after.detail}")
+    broken = [name for name, (before, _) in results.items() if not before.ok]
+    failed = [name for name, (_, after) in results.items() if not after.ok]
+    if broken:
+        print(f"Without the fix, {len(broken)} of {len(results)} scenarios go wrong on this accelerate.")
+    else:
+        print("Without the fix, every scenario came out ordered on this accelerate (no bug to show).")
+    if failed:
+        print(f"FAIL: with the fix, {len(failed)} scenario(s) are not ordered: {', '.join(failed)}.")
+    else:
+        print(f"PASS: with the fix, every scenario is ordered on {args.nproc} ranks.")
+    print(f"(took {elapsed:.0f} s)")
+    return EXIT_FAIL if failed else EXIT_OK
+
+
+def cmd_bench(args):
+    from .bench import main as bench_main
+
+    argv = list(args.bench_args)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    result = bench_main(argv)
+    # main() prints its own table; what it returns is either an exit code or its raw results.
+    if isinstance(result, int) and not isinstance(result, bool):
+        return result
+    return EXIT_FAIL if result is False else EXIT_OK
+
+
+def main(argv=None):
+    parser = build_parser()
+    # Whatever `bench` does not know belongs to the benchmark; any other command knows all its options.
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.bench_args = rest
+    if args.command == "status":
+        return cmd_status(args)
+    if args.command == "check":
+        return cmd_check(args)
+    return cmd_bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

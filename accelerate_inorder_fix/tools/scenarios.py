@@ -1,0 +1,320 @@
+"""The in_order scenarios, run on every rank of a real job, and the checks of their output.
+
+Run as a script on each rank (`torchrun --nproc_per_node N scenarios.py default,rank_levels`), it
+imports nothing from this package unless `AIF_PATCH=1` asks it to, so the same file also exercises an
+unpatched or a source-patched accelerate. The parent reads the merged stdout of all ranks and calls
+`check(name, nproc, lines)`.
+
+Every record carries its own expected call site (`at=func:line`); the log format appends the real
+one (`@@func:line`). Before each in_order call the low ranks sleep longest, so an unordered
+implementation prints the ranks in reverse: the order checks cannot pass by luck.
+"""
+
+import json
+import os
+import re
+import sys
+
+
+STAGGER_SECONDS = 0.15
+LOGGER_NAME = "aif.scenarios"
+DONE = "@@DONE"
+RESULT = "@@RESULT"
+
+# ---------------------------------------------------------------------------------------------
+# Worker side (runs on every rank)
+# ---------------------------------------------------------------------------------------------
+
+
+def _say(line):
+    """One line in one write, so ranks sharing a pipe never split each other's lines."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class Rank:
+    """What a scenario needs to know about its rank."""
+
+    def __init__(self, index, size, log):
+        self.index, self.size, self.log = index, size, log
+
+    def stagger(self):
+        """Sleep longest on rank 0, nothing on the last rank (test-side only)."""
+        import time
+
+        time.sleep(STAGGER_SECONDS * (self.size - 1 - self.index))
+
+    def tag(self, scenario, call):
+        where = sys._getframe(1)
+        return f"{scenario}#{call} r{self.index} at={where.f_code.co_name}:{where.f_lineno}"
+
+    def result(self, scenario, key, value):
+        _say(f"{RESULT} {scenario} r{self.index} {key}={json.dumps(value)}")
+
+    def all_reduce_sum(self):
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([float(self.index + 1)])
+        dist.all_reduce(value)
+        return value.item()
+
+
+def default(r):
+    r.stagger()
+    r.log.info(r.tag("default", 1), in_order=True)
+
+
+def all_processes(r):
+    r.stagger()
+    r.log.info(r.tag("all_processes", 1), main_process_only=False, in_order=True)
+
+
+def rank_levels(r):
+    import logging
+
+    logging.getLogger(LOGGER_NAME).setLevel(logging.INFO if r.index == 0 else logging.WARNING)
+    r.stagger()
+    r.log.info(r.tag("rank_levels", 1), in_order=True)
+    r.result("rank_levels", "sum", r.all_reduce_sum())
+    r.stagger()
+    r.log.warning(r.tag("rank_levels", 2), in_order=True)
+    logging.getLogger(LOGGER_NAME).setLevel(logging.DEBUG)
+
+
+def disabled_odd(r):
+    import logging
+
+    if r.index % 2:
+        logging.disable(logging.INFO)
+    r.stagger()
+    r.log.info(r.tag("disabled_odd", 1), in_order=True)
+    r.result("disabled_odd", "sum", r.all_reduce_sum())
+    logging.disable(logging.NOTSET)
+    r.stagger()
+    r.log.info(r.tag("disabled_odd", 2), in_order=True)
+
+
+def exception(r):
+    try:
+        raise ValueError(f"boom r{r.index}")
+    except ValueError:
+        r.stagger()
+        r.log.exception(r.tag("exception", 1), in_order=True)
+
+
+MANY_CALLS = 8
+
+
+def many(r):
+    for call in range(1, MANY_CALLS + 1):
+        if call % 3 == 0:
+            r.log.info(f"plain main-only {call}")
+            r.log.info(f"plain everywhere {call} r{r.index}", main_process_only=False)
+        if call % 2:
+            r.stagger()
+        r.log.info(r.tag("many", call), in_order=True)
+
+
+def caller(r):
+    # Only the call sites are checked here, not the order (the other scenarios do that), so the
+    # call-site bug of 0.20-0.30.0 shows on its own.
+    r.log.warning(r.tag("caller", 1), main_process_only=False, in_order=True)
+    r.log.warning(r.tag("caller", 2), main_process_only=False)
+
+
+SCENARIOS = {f.__name__: f for f in (default, all_processes, rank_levels, disabled_odd, exception, many, caller)}
+
+
+# Fault scenarios: user errors and lost ranks, which only gather mode survives (barrier mode hangs,
+# as upstream does). Kept apart so that running "all scenarios" stays safe in every mode.
+
+
+def subset(r):
+    """The last rank skips call 1 (a user error); a collective and another in_order call follow."""
+    import time
+
+    if r.index != r.size - 1:
+        r.stagger()
+        start = time.monotonic()
+        r.log.info(r.tag("subset", 1), in_order=True)
+        r.result("subset", "seconds", round(time.monotonic() - start, 3))
+    r.result("subset", "sum", r.all_reduce_sum())
+    r.stagger()
+    r.log.info(r.tag("subset", 2), in_order=True)
+
+
+def early_exit(r):
+    """The last rank leaves before call 1: cleanly (exit code 0) or, with `AIF_CRASH=kill`, killed.
+
+    The others make the call and end without another collective (it could not complete).
+    """
+    import signal
+
+    if r.index == r.size - 1:
+        if os.environ.get("AIF_CRASH") == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(0)
+    r.stagger()
+    r.log.info(r.tag("early_exit", 1), in_order=True)
+    _say(f"{DONE} early_exit r{r.index}")
+    return "stop"
+
+
+FAULT_SCENARIOS = {f.__name__: f for f in (subset, early_exit)}
+
+
+def _worker(names):
+    # AIF_PATCH=1: import the package before accelerate; =late: after the logger exists (loggers
+    # created before the patch must be covered too); anything else: leave accelerate as it is.
+    patch = os.environ.get("AIF_PATCH")
+    if patch == "1":
+        import accelerate_inorder_fix  # noqa: F401  (patches by being imported)
+
+    import logging
+
+    from accelerate import PartialState
+    from accelerate.logging import get_logger
+
+    state = PartialState(cpu=True)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s @@%(funcName)s:%(lineno)d"))
+    base = logging.getLogger(LOGGER_NAME)
+    base.addHandler(handler)
+    base.setLevel(logging.DEBUG)
+    base.propagate = False
+    rank = Rank(state.process_index, state.num_processes, get_logger(LOGGER_NAME))
+    if patch == "late":
+        import accelerate_inorder_fix  # noqa: F401
+    for name in names:
+        if SCENARIOS.get(name, FAULT_SCENARIOS.get(name))(rank) == "stop":
+            return  # the scenario ended the job on this rank (a lost rank: no collective can follow)
+        # A collective after every scenario: a rank that skipped or added a barrier shows up here as
+        # a hang or a wrong sum, as it would in the user's next training step.
+        rank.result(name, "sum", rank.all_reduce_sum())
+        _say(f"{DONE} {name} r{rank.index}")
+    # Tear the process group down explicitly: left to interpreter exit, gloo's threads can abort the
+    # process ("terminate called without an active exception") while a peer is still connected.
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side (reads the merged output of all ranks)
+# ---------------------------------------------------------------------------------------------
+
+_RECORD = re.compile(r"^(?:\[RANK \d+\] )?(?P<tag>\w+)#(?P<call>\d+) r(?P<rank>\d+) at=(?P<want>\S+) @@(?P<got>\S+)$")
+
+
+def _expected_records(name, nproc):
+    """[(call, [ranks in order])] that a correct in_order implementation prints."""
+    everyone = list(range(nproc))
+    if name == "rank_levels":
+        return [(1, [0]), (2, everyone)]
+    if name == "disabled_odd":
+        return [(1, [r for r in everyone if r % 2 == 0]), (2, everyone)]
+    if name == "many":
+        return [(call, everyone) for call in range(1, MANY_CALLS + 1)]
+    if name == "caller":
+        return [(1, everyone), (2, everyone)]
+    return [(1, everyone)]
+
+
+def parse(lines, name):
+    """The records of scenario `name` in output order: [(call, rank, want, got, index)]."""
+    records = []
+    for index, line in enumerate(lines):
+        m = _RECORD.match(line.rstrip("\n"))
+        if m and m["tag"] == name:
+            records.append((int(m["call"]), int(m["rank"]), m["want"], m["got"], index))
+    return records
+
+
+def done_ranks(lines, name):
+    return {int(line.split()[2][1:]) for line in lines if line.startswith(f"{DONE} {name} ")}
+
+
+def check(name, nproc, lines):
+    """Verdict for one scenario: ('ordered', '') or (problem, detail).
+
+    Problems: 'deadlock' (not every rank finished), 'desync' (a collective after the call paired
+    wrongly), 'unordered', 'missing', 'caller' (wrong call site), 'traceback'.
+    """
+    finished = done_ranks(lines, name)
+    if finished != set(range(nproc)):
+        stuck = sorted(set(range(nproc)) - finished)
+        return "deadlock", f"ranks {stuck} never finished"
+    want_sum = nproc * (nproc + 1) / 2
+    for line in lines:
+        if line.startswith(f"{RESULT} {name} r") and "sum=" in line:
+            got = json.loads(line.split("sum=", 1)[1])
+            if got != want_sum:
+                return "desync", f"all_reduce gave {got}, expected {want_sum}"
+    records = parse(lines, name)
+    wanted = [(call, rank) for call, ranks in _expected_records(name, nproc) for rank in ranks]
+    got = [(call, rank) for call, rank, *_ in records]
+    if sorted(got) != sorted(wanted):
+        return "missing", f"records {got}, expected {wanted}"
+    if name != "caller" and got != wanted:
+        return "unordered", f"records {got}, expected {wanted}"
+    for call, rank, want, where, _ in records:
+        if want != where:
+            return "caller", f"record {call} of rank {rank} reports {where}, the call is at {want}"
+    if name == "exception":
+        for _, rank, _, _, index in records:
+            block = lines[index + 1 : index + 8]
+            tail = next((line for line in block if line.startswith("ValueError")), None)
+            if not block or not block[0].startswith("Traceback") or tail != f"ValueError: boom r{rank}":
+                return "traceback", f"record of rank {rank} is not followed by its own traceback"
+    return "ordered", ""
+
+
+_WARNING = re.compile(r"accelerate-inorder-fix: .*no record from rank\(s\) (?P<ranks>[\d, ]+) within")
+
+
+def warned_ranks(lines):
+    """[[ranks named by one warning], ...] in output order."""
+    return [[int(x) for x in m["ranks"].split(",")] for m in map(_WARNING.search, lines) if m]
+
+
+def check_fault(name, nproc, lines, timeout):
+    """Verdict for a fault scenario in gather mode: ('ordered', '') or (problem, detail).
+
+    Problems as in `check`, plus 'warning' (the absent rank is not named exactly once, in the
+    right place) and 'slow' (a rank's call took longer than the timeout + 1 s).
+    """
+    last = nproc - 1
+    others = list(range(last))
+    finished = done_ranks(lines, name)
+    want_done = set(others) if name == "early_exit" else set(range(nproc))
+    if finished != want_done:
+        return "deadlock", f"ranks {sorted(want_done - finished)} never finished"
+    want_sum = nproc * (nproc + 1) / 2
+    for line in lines:
+        if line.startswith(f"{RESULT} {name} r"):
+            key, value = line.split()[3].split("=", 1)
+            if key == "sum" and json.loads(value) != want_sum:
+                return "desync", f"all_reduce gave {value}, expected {want_sum}"
+            if key == "seconds" and json.loads(value) > timeout + 1:
+                return "slow", line
+    records = parse(lines, name)
+    got = [(call, rank) for call, rank, *_ in records]
+    wanted = [(1, r) for r in others] + ([(2, r) for r in range(nproc)] if name == "subset" else [])
+    if got != wanted:
+        return "unordered", f"records {got}, expected {wanted}"
+    for call, rank, want, where, _ in records:
+        if want != where:
+            return "caller", f"record {call} of rank {rank} reports {where}, the call is at {want}"
+    warnings = [(i, ranks) for i, line in enumerate(lines) for ranks in warned_ranks([line])]
+    if [ranks for _, ranks in warnings] != [[last]]:
+        return "warning", f"warnings name {[ranks for _, ranks in warnings]}, expected [[{last}]]"
+    end_of_call_1 = records[len(others) - 1][4]
+    if not end_of_call_1 < warnings[0][0] < (records[len(others)][4] if name == "subset" else len(lines)):
+        return "warning", "the warning is not right after the block it is about"
+    return "ordered", ""
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1].split(",") if len(sys.argv) > 1 else list(SCENARIOS))

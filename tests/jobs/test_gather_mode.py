@@ -1,0 +1,123 @@
+"""Gather mode (issue 5), proven on real multi-rank jobs; each job runs under a hard timeout.
+
+- every core scenario is ordered in gather mode (main process's output), on several releases;
+- a subset call (one rank skips an in_order call): no hang, a warning naming that rank, and the next
+  collective and in_order call work; barrier mode, run the same way, hangs and is killed;
+- a rank that leaves (exit 0 under torchrun) or is killed (SIGKILL, no agent to tear the job down);
+- two simulated nodes: all four ranks' records, in order, in node 0's output only.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, SCRIPTS, accelerate_dir
+
+from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.tools import scenarios
+
+
+FAULT_TIMEOUT = 3.0  # ACCELERATE_INORDER_TIMEOUT in the fault jobs: short, so the tests are too
+CORE = list(scenarios.SCENARIOS)
+
+
+def _fault_env():
+    return dict(os.environ, ACCELERATE_INORDER_TIMEOUT=str(FAULT_TIMEOUT))
+
+
+def _pythonpath(version):
+    return [accelerate_dir(version), str(REPO)]
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("version", ["0.21.0", "1.12.0", "1.15.0"])
+def test_core_scenarios_ordered_in_gather_mode(version, nproc):
+    job = _launch.run_scenarios(
+        CORE, nproc, True, mode="gather", pythonpath=_pythonpath(version), timeout=150, stall=30
+    )
+    verdicts = {name: scenarios.check(name, nproc, job.lines) for name in CORE}
+    assert job.killed is None, (job, job.stderr[-2000:])
+    assert all(v == ("ordered", "") for v in verdicts.values()), verdicts
+
+
+def _fault_job(name, mode, version="1.15.0", nproc=4, timeout=90, stall=20):
+    return _launch.run_scenarios(
+        [name],
+        nproc,
+        True,
+        mode=mode,
+        pythonpath=_pythonpath(version),
+        timeout=timeout,
+        stall=stall,
+        base_env=_fault_env(),
+    )
+
+
+@pytest.mark.parametrize("version", ["0.21.0", "1.15.0"])
+def test_subset_call_warns_and_keeps_working(version):
+    job = _fault_job("subset", "gather", version)
+    assert job.killed is None, (job, job.stderr[-2000:])
+    assert scenarios.check_fault("subset", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
+
+
+def test_subset_call_hangs_in_barrier_mode():
+    """The same job in barrier mode (upstream's synchronisation) deadlocks: the test can fail."""
+    job = _fault_job("subset", "barrier", timeout=60, stall=12)
+    assert job.killed is not None
+    assert scenarios.check_fault("subset", 4, job.lines, FAULT_TIMEOUT)[0] == "deadlock"
+
+
+def test_rank_that_exits_early():
+    job = _fault_job("early_exit", "gather")
+    assert job.killed is None, (job, job.stderr[-2000:])
+    assert scenarios.check_fault("early_exit", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
+
+
+def test_rank_that_is_killed():
+    env = _launch.scenario_env(True, "gather", _pythonpath("1.15.0"), dict(_fault_env(), AIF_CRASH="kill"))
+    cmd = [sys.executable, str(SCRIPTS / "spawn_ranks.py"), "4", _launch.SCENARIO_SCRIPT, "early_exit"]
+    job = _launch.run(cmd, env=env, timeout=90, stall=20)
+    assert job.killed is None, (job, job.stderr[-2000:])
+    assert scenarios.check_fault("early_exit", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
+
+
+def test_two_nodes_all_records_in_node_0(tmp_path):
+    """2 nodes x 2 ranks on a loopback rendezvous, each node's stdout in a file of its own."""
+    names = ["default", "exception", "many"]
+    port = _launch.free_port()
+    nodes = []
+    for node in (0, 1):
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(port),
+            _launch.SCENARIO_SCRIPT,
+            ",".join(names),
+        ]
+        nodes.append(f"{subprocess.list2cmdline(cmd)} > {tmp_path}/node{node}.out")
+    script = f"{nodes[0]} & a=$!; {nodes[1]} & b=$!; wait $a; ra=$?; wait $b; rb=$?; exit $((ra | rb))"
+    env = _launch.scenario_env(True, "gather", _pythonpath("1.15.0"))
+    job = _launch.run(["bash", "-c", script], env=env, timeout=120)
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
+    node0 = (tmp_path / "node0.out").read_text().splitlines()
+    node1 = (tmp_path / "node1.out").read_text().splitlines()
+    # The launcher's own exit status is not asserted: now and then (in barrier mode as well) a rank
+    # aborts in torch's teardown after its work is done ("terminate called without an active
+    # exception"), and node 0's agent then waits for node 1's until killed. The work itself is
+    # checked below: every rank printed DONE after each scenario, and every record is in place.
+    # Node 1's ranks report completion in its own file; every record must be in node 0's.
+    merged = node0 + [line for line in node1 if line.startswith("@@")]
+    assert {name: scenarios.check(name, 4, merged) for name in names} == dict.fromkeys(names, ("ordered", ""))
+    # Node 1 keeps its plain `main_process_only=False` lines; no in_order record is printed there.
+    assert not [record for name in names for record in scenarios.parse(node1, name)], node1

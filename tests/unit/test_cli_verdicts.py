@@ -1,0 +1,71 @@
+"""How `check` turns a job's output into table words and an exit code (pure logic, no ranks)."""
+
+import argparse
+
+from accelerate_inorder_fix.tools import bench, cli, scenarios
+from accelerate_inorder_fix.tools import check as _check
+from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.tools.launch import Job
+
+
+def _lines(name, ranks, order=None):
+    """Output of a clean run of scenario `default`-like `name` on `ranks` ranks."""
+    lines = [f"{name}#1 r{r} at=f:1 @@f:1" for r in (order or range(ranks))]
+    lines += [f"{scenarios.RESULT} {name} r{r} sum={ranks * (ranks + 1) / 2}" for r in range(ranks)]
+    return lines + [f"{scenarios.DONE} {name} r{r}" for r in range(ranks)]
+
+
+def test_words_for_each_kind_of_outcome():
+    ok = _check.judge("default", 2, Job(_lines("default", 2), "", 0, None, 1.0))
+    assert (ok.word, ok.ok) == ("ordered", True)
+    reversed_ = _check.judge("default", 2, Job(_lines("default", 2, order=[1, 0]), "", 0, None, 1.0))
+    assert (reversed_.word, reversed_.ok) == ("ignored (unordered)", False)
+    stuck = _check.judge(
+        "default", 3, Job(["default#1 r0 at=f:1 @@f:1", f"{scenarios.DONE} default r0"], "", -9, "stall", 9.0)
+    )
+    assert stuck.word == "deadlock (ranks 1,2 stuck)" and "output stopped" in stuck.detail
+    crashed = _check.judge("default", 2, Job([], "Traceback...\nRuntimeError: gloo broke", 1, None, 3.0))
+    assert crashed.word == "crashed (exit 1)" and crashed.detail == "RuntimeError: gloo broke"
+    silent = _check.judge("default", 2, Job([], "rendezvous timed out", -9, "timeout", 240.0))
+    assert silent.word == "never started" and "rendezvous timed out" in silent.detail
+
+
+def test_a_deadlock_in_the_patched_job_marks_the_rest_not_reached():
+    job = Job(_lines("default", 2) + ["rank_levels#1 r0 at=f:1 @@f:1"], "", -9, "stall", 20.0)
+    outcomes = _check.judge_all(["default", "rank_levels", "many"], 2, job)
+    assert [o.word for o in outcomes.values()] == ["ordered", "deadlock (all ranks stuck)", "not reached"]
+
+
+def test_exit_code_follows_the_patched_column_only(capsys):
+    args = argparse.Namespace(nproc=2, verbose=False)
+    bad, good = _check.Outcome("deadlock (all ranks stuck)", "x"), _check.Outcome("ordered", ok=True)
+    assert cli._conclude({"default": (bad, good)}, args, 1.0) == cli.EXIT_OK
+    assert cli._conclude({"default": (good, bad)}, args, 1.0) == cli.EXIT_FAIL
+    out = capsys.readouterr().out
+    assert "PASS" in out and "FAIL: with the fix, 1 scenario(s) are not ordered: default." in out
+
+
+def test_table_lines_up_its_columns():
+    rows = _check.table({"default": (_check.Outcome("deadlock (all ranks stuck)"), _check.Outcome("ordered"))})
+    assert rows[0].split() == ["scenario", "what", "it", "does", "unpatched", "patched"]
+    assert rows[2].index("deadlock") == rows[0].index("unpatched")
+    assert rows[2].rindex("ordered") == rows[0].rindex("patched")
+
+
+def test_the_users_force_reaches_the_patched_ranks_only(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_INORDER_FIX", "force")
+    assert _launch.scenario_env(True, "gather", base={})["ACCELERATE_INORDER_FIX"] == "force"
+    assert _launch.scenario_env(True, "gather", base={})["ACCELERATE_INORDER_MODE"] == "gather"
+    assert _launch.scenario_env(False, base={})["ACCELERATE_INORDER_FIX"] == "0"
+
+
+def test_bench_calls_the_benchmarks_main_with_the_rest_of_the_line(monkeypatch, capsys):
+    def fake_main(argv):  # like the real benchmark: prints its table, returns its raw results
+        print("bench table", argv)
+        return [{"mode": "gather"}]
+
+    monkeypatch.setattr(bench, "main", fake_main)
+    assert cli.main(["bench", "--nproc", "2"]) == cli.EXIT_OK
+    assert cli.main(["bench", "--", "--help"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "bench table ['--nproc', '2']" in out and "bench table ['--help']" in out
