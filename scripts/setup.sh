@@ -31,7 +31,7 @@ for v in $RELEASES; do
   "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d .cache/sdist "accelerate==$v"
 done
 
-# A venv WITHOUT this package, for tests/test_upstream_patches.py: accelerate patched from source
+# A venv WITHOUT this package, for tests/jobs/test_upstream_patches.py: accelerate patched from source
 # (patches/) must be proven on its own, with no start-up hook and nothing importable from here.
 # accelerate's own dependencies, not accelerate itself: the patched copy comes first on PYTHONPATH.
 UPSTREAM_VENV=${AIF_UPSTREAM_VENV:-.venv-upstream}

@@ -40,8 +40,12 @@ REGRESSION_TEST = "tests/test_logging_in_order.py"
 REGRESSION_SCRIPT = "src/accelerate/test_utils/scripts/test_logging_in_order.py"  # run by the test with torchrun
 REGRESSION_FILES = (REGRESSION_TEST, REGRESSION_SCRIPT)
 # Which regression tests the unpatched release fails: since #3280 (1.13) only the rank-local cases.
-ALL_REGRESSION_TESTS = {"test_in_order_default", "test_in_order_main_process_only_false",
-                        "test_in_order_rank_dependent_levels", "test_in_order_logging_disabled"}
+ALL_REGRESSION_TESTS = {
+    "test_in_order_default",
+    "test_in_order_main_process_only_false",
+    "test_in_order_rank_dependent_levels",
+    "test_in_order_logging_disabled",
+}
 UNPATCHED_FAILURES = {
     "0.20": ALL_REGRESSION_TESTS,
     "0.31": ALL_REGRESSION_TESTS,
@@ -56,13 +60,17 @@ FORK_SUBSTITUTIONS = {
     ],
     "v0.21-v0.30": [
         (REGRESSION_SCRIPT, "    state.destroy_process_group()\n", "    torch.distributed.destroy_process_group()\n"),
-        (REGRESSION_TEST,
-         "from accelerate.test_utils import execute_subprocess_async, path_in_accelerate_package, require_cpu\n",
-         "from accelerate.test_utils import execute_subprocess_async, require_cpu\n"
-         "from accelerate.test_utils.scripts import test_logging_in_order\n"),
-        (REGRESSION_TEST,
-         '    test_file_path = path_in_accelerate_package("test_utils", "scripts", "test_logging_in_order.py")\n',
-         "    test_file_path = test_logging_in_order.__file__\n"),
+        (
+            REGRESSION_TEST,
+            "from accelerate.test_utils import execute_subprocess_async, path_in_accelerate_package, require_cpu\n",
+            "from accelerate.test_utils import execute_subprocess_async, require_cpu\n"
+            "from accelerate.test_utils.scripts import test_logging_in_order\n",
+        ),
+        (
+            REGRESSION_TEST,
+            '    test_file_path = path_in_accelerate_package("test_utils", "scripts", "test_logging_in_order.py")\n',
+            "    test_file_path = test_logging_in_order.__file__\n",
+        ),
     ],
 }
 # Releases whose setup.py pins the ruff of upstream's `make quality` today (older ones pinned ruff 0.2 / black).
@@ -175,8 +183,18 @@ def run_pytest(tree, accelerate_path, tests):
     The hard timeout SIGKILLs the whole job, torchrun's workers included (they run in sessions of
     their own, and `_launch.run` finds them by the marker in their environment).
     """
-    cmd = [upstream_python(), "-m", "pytest", "-q", "-rA", "--durations=0", "--durations-min=0",
-           "-p", "no:cacheprovider", *tests]
+    cmd = [
+        upstream_python(),
+        "-m",
+        "pytest",
+        "-q",
+        "-rA",
+        "--durations=0",
+        "--durations-min=0",
+        "-p",
+        "no:cacheprovider",
+        *tests,
+    ]
     # Room for every regression test to fail at its bound, plus test_logging.py and start-up.
     timeout = len(ALL_REGRESSION_TESTS) * REGRESSION_BOUND + 60
     return _launch.run(cmd, env=upstream_env(accelerate_path), timeout=timeout, cwd=str(tree))
@@ -184,8 +202,9 @@ def run_pytest(tree, accelerate_path, tests):
 
 def durations(job):
     """{test name: seconds} of the `call` phase, from pytest's --durations report."""
-    return {name: float(secs) for secs, name in
-            re.findall(r"^([\d.]+)s call\s+\S+::(\w+)$", "\n".join(job.lines), re.M)}
+    return {
+        name: float(secs) for secs, name in re.findall(r"^([\d.]+)s call\s+\S+::(\w+)$", "\n".join(job.lines), re.M)
+    }
 
 
 def verdicts(job):
@@ -379,8 +398,9 @@ def _fixture_from_patch(text):
     for diff in re.split(r"^(?=diff --git )", text, flags=re.M)[1:]:
         path = re.match(r"diff --git a/(\S+) b/", diff).group(1)
         lines = []
-        for start, body in re.findall(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@[^\n]*\n(.*?)(?=^@@ |\Z)", diff,
-                                      re.M | re.S):
+        for start, body in re.findall(
+            r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@[^\n]*\n(.*?)(?=^@@ |\Z)", diff, re.M | re.S
+        ):
             pre = [line[1:] for line in body.splitlines() if line[:1] in (" ", "-")]
             lines += ["filler"] * (int(start) - 1 - len(lines)) + pre
         files[path] = "".join(line + "\n" for line in lines)
@@ -400,8 +420,9 @@ def test_docs_patches_are_well_formed(tmp_path):
         assert docs_patches(series) == [], series
     for patch in docs:
         text = patch.read_text()
-        assert patched_paths(patch) and all(p.startswith("docs/source/") and p.endswith(".md")
-                                            for p in patched_paths(patch)), patch
+        assert patched_paths(patch) and all(
+            p.startswith("docs/source/") and p.endswith(".md") for p in patched_paths(patch)
+        ), patch
         assert "in_order=True" in text and "collective" in text
         tree = tmp_path / patch.stem
         for path, content in _fixture_from_patch(text).items():
@@ -437,8 +458,14 @@ def test_pull_request_text():
     assert re.match(r"# Title\n\n\S.*\n", text), "starts with the title to paste"
     for field in ("# What does this PR do?", "Fixes #3939", "## Before submitting", "## Who can review?"):
         assert field in text, field
-    for must in ("#3280", "#1262", "test_in_order_rank_dependent_levels", "test_in_order_logging_disabled",
-                 "debug_launcher", "GLOO_SOCKET_IFNAME"):
+    for must in (
+        "#3280",
+        "#1262",
+        "test_in_order_rank_dependent_levels",
+        "test_in_order_logging_disabled",
+        "debug_launcher",
+        "GLOO_SOCKET_IFNAME",
+    ):
         assert must in text, must
 
 
