@@ -1,23 +1,25 @@
 """Start-up hook of accelerate-inorder-fix: patch accelerate in every process, at no start-up cost.
 
-`_accelerate_inorder_fix_startup.pth`, installed beside this module in site-packages, runs `install()`
-when the interpreter starts (a `sitecustomize.py` can run the same line, see `LINE`). `install()` puts a
-small finder on `sys.meta_path` that waits for `accelerate.logging`: the moment that module has been
-loaded, the finder imports `accelerate_inorder_fix`, which patches `MultiProcessAdapter.log` at once
-because the module is already there. So every process of the environment that imports accelerate is
-patched before its first `get_logger(...).info(...)`, including the ranks that `torchrun`,
-`accelerate launch` and `multiprocessing` spawn start, and no training script changes.
+`_accelerate_inorder_fix_startup.pth`, installed beside this module in site-packages, holds `LINE`,
+which `site` runs when the interpreter starts (a `sitecustomize.py` can run it too). The line imports
+nothing: it puts a tiny finder on `sys.meta_path` that answers only for `accelerate.logging`. Only when
+a process first imports `accelerate.logging` does that finder import this module (`take_over()`), which
+reads the switches and puts its own finder (`_Finder`) in the line's place; that one wraps
+the real loader, and once `accelerate.logging` has run it imports `accelerate_inorder_fix`, which
+patches `MultiProcessAdapter.log` at once. So every process of the environment that imports accelerate
+is patched before its first `get_logger(...).info(...)`, including the ranks that `torchrun`,
+`accelerate launch` and `multiprocessing` start, and no training script changes.
 
-Why a top-level module and not part of the package: `import accelerate_inorder_fix` imports wrapt
-(about 90 ms) and patches; start-up must only pay for this file. It therefore imports nothing beyond
-`os` and `sys` (already loaded by `site`), and never raises: a failure prints one line on stderr and
-the process runs unpatched.
+Why the line and not this module at start-up: finding, reading and running even an empty module at
+start-up costs about as much as the whole budget (0.3 ms per `python -c pass`, benchmarks/RESULTS-startup.md);
+a process that never imports accelerate pays only for the line. Why a top-level module and not part of the package:
+`import accelerate_inorder_fix` imports wrapt and patches; this module imports nothing beyond `os` and
+`sys` (already loaded by `site`).
 
-`ACCELERATE_INORDER_FIX=0` (or `off`, `false`, `no`) leaves the hook unarmed, and `import
-accelerate_inorder_fix` does not patch either; the package's own `switch()` reads the variable through
-this module, so both agree on the words. `ACCELERATE_INORDER_FIX_STARTUP=0` leaves only the hook
-unarmed: the package stays installed and patches when a script imports it (the test-suite runs so, to
-see accelerate as it is before any patch).
+Nothing here raises into the process: a failure prints one line on stderr and the process runs
+unpatched. `ACCELERATE_INORDER_FIX=0` (or `off`, `false`, `no`) leaves the hook unarmed, and the
+package's own `switch()` reads the variable through this module, so both agree on the words.
+`ACCELERATE_INORDER_FIX_STARTUP=0` leaves only the hook unarmed (the test suite runs so).
 """
 
 import os
@@ -30,23 +32,41 @@ OFF_WORDS = ("0", "off", "false", "no")
 TARGET = "accelerate.logging"
 PACKAGE = "accelerate_inorder_fix"
 PTH_NAME = "_accelerate_inorder_fix_startup.pth"
+MODULE = "_accelerate_inorder_fix_startup"
+# The attribute that marks the line's finder on sys.meta_path.
+MARK = "accelerate_inorder_fix_hook"
 
-# The one line of the .pth file, also the line a sitecustomize.py may hold. `site` runs a .pth line
-# that starts with "import" and prints a full traceback when it raises, so the line catches its own
-# failures (this module missing or broken) and says so in one line instead. `site` may run the line
-# twice (Python 3.11 reads a venv's site-packages twice), hence the sys.modules check; a failed
-# import leaves None there, so the second pass stays silent too.
-LINE = (
-    "import sys; exec(\"n = '_accelerate_inorder_fix_startup'\\nif n not in sys.modules:\\n try:\\n"
-    "  __import__(n).install()\\n except Exception as e:\\n  sys.modules[n] = None\\n"
-    "  sys.stderr.write('accelerate-inorder-fix: start-up hook not loaded (%s: %s); this process runs "
-    "unpatched\\\\n' % (type(e).__name__, e))\")"
+# Run by the line's finder the first time accelerate.logging is looked for (compiled then, never at
+# start-up), with the finder's locals: n, p, t (the lookup) and d (where the answer goes). It hands over
+# to this module, or says in one line why it cannot and takes the line's finder off for good.
+_GUARD = (
+    "try:\n"
+    f" import {MODULE} as m; d['r'] = m.take_over(n, p, t)\n"
+    "except Exception as e:\n"
+    " import sys\n"
+    " for f in list(sys.meta_path):\n"
+    f"  hasattr(f, {MARK!r}) and sys.meta_path.remove(f)\n"
+    " sys.stderr and sys.stderr.write('accelerate-inorder-fix: start-up hook not loaded (%s: %s); this process "
+    "runs unpatched\\n' % (type(e).__name__, e))\n"
 )
 
-# What happened in this process; read by `accelerate_inorder_fix.startup.status()`.
-#   armed: the finder was installed; fired: accelerate.logging loaded while armed;
+# The one line of the .pth file, also the line a sitecustomize.py may hold: it only puts the line's
+# finder (marked with MARK) first on sys.meta_path. Every grammar construct in it costs start-up time
+# (`site` compiles the line in every process), hence no switch check here: `take_over()` reads the
+# switches when accelerate.logging is imported, and leaves accelerate alone when they say so.
+# It never raises. `site` may run it twice (Python 3.11 reads a venv's site-packages twice); the
+# second finder is taken off with the first.
+LINE = (
+    f"import sys; sys.meta_path.insert(0, type(sys.implementation)({MARK}=True, "
+    f"find_spec=lambda n, p=None, t=None, d={{}}: n == {TARGET!r} and not exec({_GUARD!r}) "
+    "and d.pop('r', None) or None))"
+)
+
+
+# What the hook did in this process; read by `accelerate_inorder_fix.startup.status()`.
+#   armed: the real finder was installed; fired: accelerate.logging loaded while armed;
 #   imported_package: the hook (not user code) imported the package; error: the one line reported.
-state = {"switch": None, "armed": False, "fired": False, "imported_package": False, "error": None}
+state = {"armed": False, "fired": False, "imported_package": False, "error": None}
 
 
 def switch():
@@ -64,8 +84,16 @@ def startup_switch():
     return "off" if os.environ.get(STARTUP_ENV, "").strip().lower() in OFF_WORDS else "on"
 
 
+def line_armed():
+    """True when the line's finder is on `sys.meta_path`, waiting for accelerate.logging.
+
+    It arms the hook then unless a switch is off (`switch()`, `startup_switch()`).
+    """
+    return any(hasattr(f, MARK) for f in sys.meta_path)
+
+
 def _report(what, exc):
-    """The single stderr line of a failed hook; the process goes on unpatched."""
+    # The single stderr line of a failed hook; the process goes on unpatched.
     line = f"accelerate-inorder-fix: start-up hook {what} ({type(exc).__name__}: {exc}); this process runs unpatched"
     state["error"] = line  # kept even when there is no stderr to write to (pythonw, closed fd)
     if sys.stderr is not None:
@@ -75,15 +103,16 @@ def _report(what, exc):
             return
 
 
+def _drop_line_finders():
+    sys.meta_path[:] = [f for f in sys.meta_path if not hasattr(f, MARK)]
+
+
 def _disarm():
-    try:
-        sys.meta_path.remove(_FINDER)
-    except ValueError:  # already removed, by us or by the user
-        pass
+    sys.meta_path[:] = [f for f in sys.meta_path if f is not _FINDER and not hasattr(f, MARK)]
 
 
 def _patch_now():
-    """accelerate.logging is loaded: hand over to the package, which patches on import."""
+    # accelerate.logging is loaded: hand over to the package, which patches on import.
     _disarm()
     state["fired"] = True
     already = PACKAGE in sys.modules
@@ -174,26 +203,41 @@ _FINDER = _Finder()
 
 
 def install():
-    """Arm the hook in this process (the .pth line calls it). Idempotent; never raises.
+    """Arm the hook in this process: the real finder, first on `sys.meta_path`. Idempotent; never raises.
 
-    Returns True when the hook is armed (or accelerate was already imported and the patch was handed
-    over at once), False when `ACCELERATE_INORDER_FIX` is off or the hook failed.
+    The line's finder calls it (through `take_over()`) when accelerate.logging is first looked for;
+    it can also be called directly. Returns True when the hook is armed (or accelerate was already
+    imported and the patch was handed over at once), False when a switch is off or the hook failed.
     """
     try:
-        state["switch"] = switch()
-        if state["switch"] == "off" or startup_switch() == "off":
+        if switch() == "off" or startup_switch() == "off":
             return False
-        if state["armed"]:
-            return True
-        state["armed"] = True
-        if TARGET in sys.modules:  # a late sitecustomize: accelerate is already there
-            _patch_now()
-        else:
-            sys.meta_path.insert(0, _FINDER)
+        if not state["armed"]:
+            state["armed"] = True
+            if TARGET in sys.modules:  # a late sitecustomize: accelerate is already there
+                _patch_now()
+                return True
+            # In the place of the line's finder, if there is one: another hook may have gone first since.
+            index = next((i for i, f in enumerate(sys.meta_path) if hasattr(f, MARK)), 0)
+            sys.meta_path.insert(index, _FINDER)
+        _drop_line_finders()
         return True
     except Exception as exc:
         _report("could not be installed", exc)
         return False
+
+
+def take_over(fullname=None, path=None, target=None):
+    """Called by the line's finder for accelerate.logging: arm the real finder, and answer with it.
+
+    When a switch is off, the line's finder is taken off and accelerate is left alone.
+    """
+    if not install():
+        _drop_line_finders()
+        return None
+    if fullname is None or _FINDER not in sys.meta_path:
+        return None
+    return _FINDER.find_spec(fullname, path, target)
 
 
 def uninstall():

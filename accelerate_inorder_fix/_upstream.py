@@ -90,15 +90,22 @@ class UpstreamBody:
             wrapper: 0 with wrapt's C extension, more with its pure-Python fallback.
         warning_once_code: code object of upstream's `warning_once` (None before 0.24): one frame of
             accelerate's own between the user and `log`, which upstream reports as the caller.
+        stacked: another library's wrapper sits on `log` beneath ours; its plain calls must reach it.
     """
 
     release_line: Optional[str]
     wrapper_frames: int = 0
     warning_once_code: Optional[CodeType] = None
+    stacked: bool = False
 
     @property
     def known(self) -> bool:
         return self.release_line is not None
+
+    @property
+    def restatable(self) -> bool:
+        """The wrapper may restate the plain path instead of calling down: a known body, nobody between."""
+        return self.known and not self.stacked
 
 
 def count_wrapper_frames() -> int:
@@ -129,4 +136,5 @@ def describe(adapter_class: type) -> UpstreamBody:
         release_line=known_release_line(original) if original is not None else None,
         wrapper_frames=count_wrapper_frames(),
         warning_once_code=getattr(warning_once, "__code__", None),
+        stacked=hasattr(original, "__wrapped__"),
     )

@@ -66,10 +66,10 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
 
     def log_in_order(wrapped, instance, args, kwargs):
         in_order = kwargs.get("in_order")
-        if not PartialState._shared_state or not (in_order or body.known):
-            # Upstream's RuntimeError, word for word; or the plain path of a forced unknown body, which
-            # we cannot restate (its in_order path is replaced all the same). Upstream's body is one
-            # frame below us, so its caller is one frame further.
+        if not PartialState._shared_state or not (in_order or body.restatable):
+            # Upstream's RuntimeError, word for word; or the plain path of a forced unknown body, or of
+            # another library's wrapper beneath ours, which must see its calls (the in_order path is
+            # replaced all the same). What we call is one frame below us: its caller is one further.
             kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 1)
             return wrapped(*args, **kwargs)
         if not in_order:

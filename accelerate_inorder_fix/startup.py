@@ -11,8 +11,11 @@ a package installed with `pip install --target DIR` and found through `PYTHONPAT
 line to a `sitecustomize.py` on the path (the existing one, if there is one; a second would shadow it).
 """
 
+from __future__ import annotations
+
 import os
 import sys
+from typing import Any, Optional
 
 import _accelerate_inorder_fix_startup as _hook
 
@@ -23,12 +26,12 @@ DISTRIBUTION = "accelerate-inorder-fix"
 PTH_NAME = _hook.PTH_NAME
 
 
-def sitecustomize_line():
+def sitecustomize_line() -> str:
     """The line that arms the hook from a `sitecustomize.py` (the same line as the `.pth`)."""
     return _hook.LINE
 
 
-def hook_path():
+def hook_path() -> Optional[str]:
     """Path of the `.pth` file pip installed for this distribution, or None when there is none.
 
     Read from the installed distribution's RECORD, so it names the file of this install (wheel or
@@ -46,13 +49,13 @@ def hook_path():
     return None
 
 
-def hook_installed():
+def hook_installed() -> bool:
     """True when the `.pth` file is present, i.e. new processes of this environment get the hook."""
     path = hook_path()
     return path is not None and os.path.isfile(path)
 
 
-def patched_by():
+def patched_by() -> Optional[str]:
     """How this process got its patch: 'start-up hook', 'import' or None (not patched).
 
     'import' covers user code that imported the package or called `patch()` before accelerate was
@@ -63,23 +66,25 @@ def patched_by():
     return "start-up hook" if _hook.state["imported_package"] else "import"
 
 
-def status():
+def status() -> dict[str, Any]:
     """Everything `status` reports about this process, as a dict of plain values.
 
     - hook_file / hook_installed: the `.pth` of this environment and whether it is there;
     - switch: 'on', 'off' or 'force' from ACCELERATE_INORDER_FIX (the environment override);
     - startup_switch: 'off' when ACCELERATE_INORDER_FIX_STARTUP turns only the start-up hook off;
-    - hook_armed: the hook ran at start-up in this process (False when switched off or not installed);
+    - hook_armed: the hook ran at start-up in this process and watches for (or saw) accelerate.logging
+      (False when switched off or not installed);
     - hook_fired: accelerate.logging has been imported since, and the hook handed over to the package;
     - hook_error: the one line a failed hook printed, or None;
     - accelerate_imported / patched / patched_by: the state of `MultiProcessAdapter.log` now.
     """
+    switch, startup_switch = _hook.switch(), _hook.startup_switch()
     return {
         "hook_file": hook_path(),
         "hook_installed": hook_installed(),
-        "switch": _hook.switch(),
-        "startup_switch": _hook.startup_switch(),
-        "hook_armed": _hook.state["armed"],
+        "switch": switch,
+        "startup_switch": startup_switch,
+        "hook_armed": _hook.state["armed"] or (_hook.line_armed() and "off" not in (switch, startup_switch)),
         "hook_fired": _hook.state["fired"],
         "hook_error": _hook.state["error"],
         "accelerate_imported": _hook.TARGET in sys.modules,
@@ -88,7 +93,7 @@ def status():
     }
 
 
-def main(argv=None):
+def main(argv: Optional[list[str]] = None) -> int:
     """`python -m accelerate_inorder_fix.startup [--print-sitecustomize]`."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args == ["--print-sitecustomize"]:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up for the demo and the tests. torch 2.13.0 (CPU wheel) goes in first, so that
-# nothing later pulls a CUDA build; then this package, then the accelerate releases the tests cover.
+# nothing later pulls a CUDA build; then this package with its test extra (pytest, ruff, import-linter,
+# build, twine, check-jsonschema: everything scripts/test.sh runs), then the accelerate releases the
+# tests cover (scripts/releases.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${AIF_VENV:-.venv}
@@ -12,6 +14,9 @@ RELEASES=${AIF_RELEASES:-$(grep -v "^#" scripts/releases.txt | tr "\n" " ")}
 # Re-run every time: the editable install copies the start-up hook (.pth + module) into the venv, and
 # the copy must follow the source. tests/conftest.py keeps that hook off for all but its own tests.
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+
+# AIF_SETUP_JOBS=0: only what the lint and the unit tier need (CI's lint + unit job); the rest is the job tier's.
+[ "${AIF_SETUP_JOBS:-1}" = 0 ] && exit 0
 
 # Each release in a folder of its own, put in front of sys.path by the tests (PYTHONPATH).
 for v in $RELEASES; do

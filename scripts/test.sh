@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# The test command: set up (idempotent), then the whole suite. Every multi-rank test has a hard
-# timeout that kills the job's whole process tree.
+# The test command (README's, and CI's through .ci/run): set up (idempotent), the lint (fail fast), then
+# pytest: the whole suite, or what the arguments name (`bash scripts/test.sh tests/unit`: the unit tier,
+# under a minute). Every multi-rank test has a hard timeout that kills the job's whole process tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec "${AIF_VENV:-.venv}/bin/python" -m pytest "$@"
+BIN=${AIF_VENV:-.venv}/bin
+"$BIN/ruff" check .
+"$BIN/ruff" format --check .
+"$BIN/lint-imports"
+status=0
+"$BIN/python" -m pytest "$@" || status=$?
+if [ "$status" = 5 ]; then
+  echo "scripts/test.sh: pytest collected no test from: ${*:-tests}" >&2
+  exit 1
+fi
+exit "$status"

@@ -1,19 +1,20 @@
 """Shared test helpers: where the accelerate releases live, and how a test launches a real job.
 
 `scripts/setup.sh` installs each release under `.cache/accelerate/<version>`; a job that should run
-against a release gets that folder first on PYTHONPATH. Every job runs under `_launch.run`, which
+against a release gets that folder first on PYTHONPATH. Every job runs under `accelerate_inorder_fix.tools.launch.run`, which
 kills the job's whole process tree on a stall or at its hard deadline.
 
 The test venv is an install of this package, so its start-up hook would patch every Python process
 the tests start as soon as accelerate is imported. Tests want accelerate as it is until they patch it
 themselves, so the hook stays unarmed in this process and, through `ACCELERATE_INORDER_FIX_STARTUP=0`,
-in every child; `import accelerate_inorder_fix` still patches. Only tests/test_startup_hook.py arms it,
+in every child; `import accelerate_inorder_fix` still patches. Only tests/jobs/test_startup_hook.py arms it,
 in venvs of its own.
 """
 
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,16 @@ import pytest
 import _accelerate_inorder_fix_startup as _startup_hook
 
 
+REPO = Path(__file__).resolve().parents[1]
+
 os.environ["ACCELERATE_INORDER_FIX_STARTUP"] = "0"
 _startup_hook.uninstall()
+if Path(_startup_hook.__file__).resolve().parent != REPO:
+    # An install's copy, loaded at start-up by an older hook's .pth: the tests are of the repo's module.
+    del sys.modules[_startup_hook.__name__]
+    import _accelerate_inorder_fix_startup as _startup_hook
 
-REPO = Path(__file__).resolve().parents[1]
+    _startup_hook.uninstall()
 CACHE = REPO / ".cache"
 RELEASES = [
     line.strip()
@@ -32,6 +39,9 @@ RELEASES = [
     if line.strip() and not line.startswith("#")
 ]
 LATEST = RELEASES[-1]
+# CI's release matrix runs the job tier once per release: AIF_TEST_RELEASE=<version> keeps the tests of that
+# release (a test belongs to the first release among its parameters; a test with none, to the latest).
+SELECTED_RELEASE = os.environ.get("AIF_TEST_RELEASE", "").strip()
 SCRIPTS = Path(__file__).resolve().parent / "jobs" / "scripts"
 
 
@@ -69,3 +79,68 @@ def run_script(path, *args, version=LATEST, env=None, timeout=60):
     return subprocess.run(
         [sys.executable, str(path), *args], env=full_env, capture_output=True, text=True, timeout=timeout
     )
+
+
+# --- built distributions and fresh venvs (tests/jobs/test_startup_hook.py, tests/jobs/test_packaging.py) ----------
+# A fresh venv holds pip and what a test installs, plus a `.pth` line naming the test runner's own site-packages,
+# where torch 2.13.0, accelerate and wrapt already are (a plain path line: the `.pth` files of that folder,
+# including the runner's own hook, are not read). Nothing is downloaded.
+
+SHARED_SITE = sysconfig.get_paths()["purelib"]
+PIP_TIMEOUT = 300
+
+
+def site_packages(venv):
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def make_venv(path):
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True, timeout=PIP_TIMEOUT)
+    (site_packages(path) / "zz_aif_test_shared_deps.pth").write_text(SHARED_SITE + "\n")
+    return path
+
+
+def pip(venv, *args):
+    cmd = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "-q", *args]
+    return subprocess.run(cmd, check=True, timeout=PIP_TIMEOUT, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="session")
+def dists(tmp_path_factory):
+    """`python -m build` of the repo, offline (no isolation: hatchling is in the test extra): {"sdist", "wheel"}."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+        check=True,
+        timeout=PIP_TIMEOUT,
+        capture_output=True,
+    )
+    return {"sdist": next(out.glob("accelerate_inorder_fix-*.tar.gz")), "wheel": next(out.glob("*.whl"))}
+
+
+@pytest.fixture(scope="session")
+def wheel(dists):
+    return dists["wheel"]
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory, wheel):
+    venv = make_venv(tmp_path_factory.mktemp("wheel") / "venv")
+    pip(venv, "install", "--no-deps", "--no-index", str(wheel))
+    return venv
+
+
+def release_of(item):
+    """The release a collected test belongs to, for AIF_TEST_RELEASE."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return next((v for v in params.values() if isinstance(v, str) and v in RELEASES), LATEST)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not SELECTED_RELEASE:
+        return
+    if SELECTED_RELEASE not in RELEASES:
+        raise pytest.UsageError(f"AIF_TEST_RELEASE={SELECTED_RELEASE!r} is not in scripts/releases.txt")
+    other = [item for item in items if release_of(item) != SELECTED_RELEASE]
+    config.hook.pytest_deselected(items=other)
+    items[:] = [item for item in items if release_of(item) == SELECTED_RELEASE]

@@ -36,7 +36,15 @@ class Collector:
     # -- reading the queues -----------------------------------------------------------------
 
     def _route(self, rank, payload, current):
-        identity, record = _records.from_bytes(payload)
+        try:
+            identity, record = _records.from_bytes(payload)
+        except _records.MalformedRecord as exc:  # foreign bytes where this rank's next record should be
+            text = f"rank {rank} sent something that is not an in_order record ({exc}); it was ignored"
+            if current is None:
+                self.warn(text)
+                return
+            self.warn(f"{text} and counted as rank {rank}'s empty record of the call at {describe(current)}")
+            identity, record = current, None
         if identity in self.closed:
             if record is not None:
                 _records.emit(record)  # late: its block is out, so it goes alone, not into another

@@ -8,6 +8,8 @@ Exit codes: 0 success; 1 the check found a problem with the fix, or could not ru
 130 interrupted.
 """
 
+from __future__ import annotations
+
 import argparse
 import importlib.util
 import json
@@ -15,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Optional
 
 from .. import __version__
 from .. import config as _config
@@ -223,7 +226,12 @@ def cmd_bench(args):
     return EXIT_FAIL if result is False else EXIT_OK
 
 
-def main(argv=None):
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the command line; returns the exit code (0 success, 1 failure, 2 bad arguments, 130 interrupted).
+
+    Args:
+        argv (`list[str]`, *optional*): the arguments, without the program name; `sys.argv[1:]` by default.
+    """
     parser = build_parser()
     # Whatever `bench` does not know belongs to the benchmark; any other command knows all its options.
     args, rest = parser.parse_known_args(argv)

@@ -1,0 +1,432 @@
+"""The gather-mode wire format (issue 13): records travel as data, never as code (pure logic, no ranks).
+
+What a user sees of a rank's record survives the trip; whatever else arrives from the store (a pickle,
+truncated or foreign bytes) is refused with `MalformedRecord`, without executing or importing
+anything; the collector turns it into one warning and that rank's empty record of the call.
+"""
+
+import ast
+import builtins
+import collections
+import enum
+import importlib
+import json
+import logging
+import math
+import pathlib
+import pickle
+import re
+import sys
+import time
+
+import pytest
+from conftest import REPO
+
+from accelerate_inorder_fix.gather import collector as _collector
+from accelerate_inorder_fix.gather import records
+
+
+IDENTITY = (("train.py", "step", 42), 3)
+LOGGER = "aif.test_records"
+
+
+class Level(enum.IntEnum):
+    LOUD = 35
+
+
+def _record(msg="hello %s", args=("world",), level=logging.INFO, extra=None, exc_info=None, stack_info=False):
+    """A record made by a real Logger.log call, kept before any handler, as `records.capture` does."""
+    kept = []
+
+    def keep(record):
+        kept.append(record)
+        return False
+
+    logger = logging.getLogger(LOGGER)
+    logger.setLevel(logging.DEBUG)
+    logger.addFilter(keep)
+    try:
+        logger.log(level, msg, *args, extra=extra, exc_info=exc_info, stack_info=stack_info)
+    finally:
+        logger.removeFilter(keep)
+    (record,) = kept
+    return record
+
+
+def _trip(record, identity=IDENTITY):
+    payload = records.to_bytes(identity, record)
+    assert isinstance(payload, bytes)
+    got_identity, got = records.from_bytes(payload)
+    assert got_identity == identity
+    return got
+
+
+STANDARD = [
+    "name",
+    "levelno",
+    "levelname",
+    "pathname",
+    "filename",
+    "module",
+    "lineno",
+    "funcName",
+    "created",
+    "msecs",
+    "relativeCreated",
+    "thread",
+    "threadName",
+    "process",
+    "processName",
+    "stack_info",
+] + (["taskName"] if sys.version_info >= (3, 12) else [])
+
+
+def test_what_users_see_of_a_record_survives_the_round_trip():
+    original = _record(stack_info=True)
+    got = _trip(original)
+    assert {k: getattr(got, k) for k in STANDARD} == {k: getattr(original, k) for k in STANDARD}
+    assert got.getMessage() == "hello world" and got.args is None and got.exc_info is None
+    assert (got.filename, got.funcName) == ("test_records.py", "_record")  # the caller, as logging saw it
+    fmt = logging.Formatter("%(levelname)s %(name)s %(process)d %(thread)d %(funcName)s:%(lineno)d %(message)s")
+    assert fmt.format(got) == fmt.format(original)
+
+
+def test_identity_and_empty_marker_round_trip():
+    assert records.from_bytes(records.to_bytes(IDENTITY, None)) == (IDENTITY, None)
+
+
+def test_a_message_that_cannot_be_formatted_still_arrives():
+    got = _trip(_record(msg="%d items", args=("many",)))
+    assert got.getMessage().startswith("'%d items' % ('many',) (could not be formatted: TypeError")
+
+
+def test_plain_extra_values_arrive_as_values():
+    extra = {
+        "text": "t",
+        "number": -7,
+        "big": 2**80,
+        "ratio": 0.1,
+        "flag": True,
+        "nothing": None,
+        "items": [1, "two", 3.0, None, [False]],
+        "nested": {"a": {"b": [1, {"c": "d"}]}},
+        "empty": {},
+    }
+    got = _trip(_record(extra=extra))
+    for key, value in extra.items():
+        assert getattr(got, key) == value and type(getattr(got, key)) is type(value), key
+
+
+def test_non_finite_floats_arrive_as_floats():
+    got = _trip(_record(extra={"nan": math.nan, "inf": math.inf, "ninf": -math.inf}))
+    assert math.isnan(got.nan) and got.inf == math.inf and got.ninf == -math.inf
+
+
+class _BadRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+def test_other_extra_values_arrive_as_their_repr():
+    loop = [1]
+    loop.append(loop)
+    deep = []
+    for _ in range(records.MAX_DEPTH + 5):
+        deep = [deep]
+    extra = {
+        "pair": (1, 2),
+        "tags": {"x"},
+        "path": pathlib.PurePosixPath("/data/shard-0"),
+        "level": Level.LOUD,
+        "counter": collections.Counter("aab"),
+        "blob": b"\x00\xff",
+        "int_keys": {1: "one"},
+        "loop": loop,
+        "deep": deep,
+        "object": object(),
+    }
+    got = _trip(_record(extra=extra))
+    for key, value in extra.items():
+        assert getattr(got, key) == repr(value), key
+    # What `%(pair)s` shows is unchanged: the repr of a tuple prints as the tuple did.
+    assert logging.Formatter("%(pair)s %(tags)s").format(got) == "(1, 2) {'x'}"
+
+
+def test_a_value_whose_repr_fails_or_cannot_be_written_does_not_cost_the_record():
+    got = _trip(_record(extra={"bad": _BadRepr(), "huge": 10**5000}))
+    assert got.getMessage() == "hello world"
+    assert got.bad == "<_BadRepr object; repr() failed: RuntimeError>"
+    assert isinstance(got.huge, str) and "could not be sent" in got.huge
+
+
+def test_attributes_a_record_factory_adds_arrive_as_data_or_repr():
+    """An attribute that could not be rebuilt in the main process arrives as its repr, the record with it."""
+
+    class Handle:  # defined here: the main process could never import it
+        def __repr__(self):
+            return "<Handle 7>"
+
+    default = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs):
+        record = default(*args, **kwargs)
+        record.rank_info, record.handle, record.exc_text = {"rank": 3, "local": [0, 1]}, Handle(), ["odd"]
+        return record
+
+    logging.setLogRecordFactory(factory)
+    try:
+        original = _record()
+    finally:
+        logging.setLogRecordFactory(default)
+    got = _trip(original)
+    assert (got.getMessage(), got.rank_info, got.handle, got.exc_text) == (
+        "hello world",
+        {"rank": 3, "local": [0, 1]},
+        "<Handle 7>",
+        "['odd']",
+    )
+
+
+def test_an_intenum_level_arrives_as_an_int():
+    got = _trip(_record(level=Level.LOUD))
+    assert got.levelno == 35 and type(got.levelno) is int
+
+
+def test_a_traceback_arrives_as_text_rendered_on_its_rank():
+    try:
+        raise KeyError("boom")
+    except KeyError:
+        original = _record(msg="failed", args=(), exc_info=sys.exc_info())
+        want = logging.Formatter().formatException(sys.exc_info())
+    got = _trip(original)
+    assert got.exc_info is None and got.exc_text == want
+    assert logging.Formatter().format(got) == f"failed\n{want}"
+
+
+def test_stack_info_arrives_as_text():
+    original = _record(stack_info=True)
+    got = _trip(original)
+    assert got.stack_info == original.stack_info and got.stack_info.startswith("Stack (most recent call last)")
+
+
+def test_non_ascii_and_undecodable_names_survive():
+    text = "héllo wörld 日本語 🎉 \u202e"
+    original = _record(msg=text, args=(), extra={"who": "Zoë", "odd": "name\udcff.txt"})
+    payload = records.to_bytes(IDENTITY, original)
+    payload.decode("ascii")  # the wire carries escapes, so every str survives, lone surrogates too
+    _, got = records.from_bytes(payload)
+    assert (got.getMessage(), got.who, got.odd) == (text, "Zoë", "name\udcff.txt")
+
+
+def test_a_one_mebibyte_message_survives():
+    text = "é" + "x" * (1 << 20)
+    assert _trip(_record(msg=text, args=())).getMessage() == text
+
+
+class _CreatesFile:
+    """Unpickling this runs `Path.touch`: the shape of any code-execution payload."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (pathlib.Path(self.path),)
+
+
+def test_a_pickle_payload_is_refused_and_not_run(tmp_path):
+    target = tmp_path / "created-by-unpickling"
+    payload = pickle.dumps((IDENTITY, {"msg": _CreatesFile(target)}), protocol=4)
+    with pytest.raises(records.MalformedRecord, match="not JSON"):
+        records.from_bytes(payload)
+    assert not target.exists()
+    pickle.loads(payload)  # the control: the payload is live, unpickling it would have run it
+    assert target.exists()
+
+
+def test_a_payload_naming_a_module_never_imports_it(tmp_path, monkeypatch):
+    """A pickle that would import a module on load: refused, and the module is not imported."""
+    (tmp_path / "aif_canary_module.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    payload = b"caif_canary_module\nsomething\n."
+    before = set(sys.modules)
+    with pytest.raises(records.MalformedRecord):
+        records.from_bytes(payload)
+    assert set(sys.modules) == before and not (tmp_path / "imported").exists()
+    with pytest.raises(AttributeError):  # the control: unpickling imports the module (then misses the name)
+        pickle.loads(payload)
+    assert (tmp_path / "imported").exists()
+    monkeypatch.delitem(sys.modules, "aif_canary_module")
+
+
+def _valid():
+    return records.to_bytes(IDENTITY, _record())
+
+
+def _document(**changes):
+    document = json.loads(_valid())
+    document.update(changes)
+    return json.dumps(document).encode()
+
+
+def _with_record(**changes):
+    document = json.loads(_valid())
+    document["record"].update(changes)
+    return json.dumps(document).encode()
+
+
+FOREIGN = {
+    "empty": b"",
+    "garbage": b"\x00\xffnot a record\xfe",
+    "latin-1": "{'é'}".encode("latin-1"),
+    "utf-16 json": json.dumps({"v": 1}).encode("utf-16"),
+    "ascii pickle (protocol 0)": pickle.dumps((IDENTITY, {"msg": "hi"}), protocol=0),
+    "pickle of a record's data": pickle.dumps((IDENTITY, {"msg": "hi", "name": "x", "levelno": 20}), protocol=4),
+    "json null": b"null",
+    "json list": b"[1, 2]",
+    "json string": b'"record"',
+    "no version": _document(v=None),
+    "other version": _document(v=2),
+    "bool version": _document(v=True),
+    "call missing": _document(call=None),
+    "call of wrong shape": _document(call=[["f", "g"], 1]),
+    "call with a float line": _document(call=[["f", "g", 1.5], 1]),
+    "record not an object": _document(record=[1]),
+    "name not text": _with_record(name=1),
+    "levelno not an int": _with_record(levelno="40"),
+    "levelno a bool": _with_record(levelno=True),
+    "msg missing": _with_record(msg=None),
+    "exc_text not text": _with_record(exc_text=["x"]),
+    "deeply nested": b"[" * 200_000 + b"]" * 200_000,
+    "huge int literal": b'{"v": ' + b"9" * 10_000 + b"}",
+    "not bytes": "{}",
+}
+
+
+@pytest.mark.parametrize("name", list(FOREIGN))
+def test_foreign_bytes_are_refused(name):
+    with pytest.raises(records.MalformedRecord):
+        records.from_bytes(FOREIGN[name])
+
+
+def test_every_truncation_of_a_record_is_refused():
+    payload = records.to_bytes(IDENTITY, _record(extra={"k": [1, {"a": "b"}]}, stack_info=True))
+    for end in range(len(payload)):
+        with pytest.raises(records.MalformedRecord):
+            records.from_bytes(payload[:end])
+
+
+def test_names_logging_reserves_are_never_set_from_a_payload():
+    payload = _with_record(getMessage="not a method", __class__="x", __dict__={"msg": "swapped"})
+    _, got = records.from_bytes(payload)
+    assert type(got) is logging.LogRecord and got.getMessage() == "hello world"
+
+
+def test_decoding_never_imports_or_evaluates(tmp_path):
+    payloads = [_valid(), records.to_bytes(IDENTITY, None), *FOREIGN.values()]
+    payloads.append(pickle.dumps((IDENTITY, {"msg": _CreatesFile(tmp_path / "x")})))
+    reached = []
+
+    def refuse(*args, **kwargs):
+        reached.append(args[:1])
+        raise AssertionError("decoding reached code execution or an import")
+
+    hooks = [(builtins, "__import__"), (builtins, "eval"), (builtins, "exec"), (builtins, "compile")]
+    hooks += [(importlib, "import_module"), (pickle, "loads"), (pickle, "load"), (pickle, "Unpickler")]
+    saved = {(owner, name): getattr(owner, name) for owner, name in hooks}
+    before = set(sys.modules)
+    refused = 0
+    try:
+        for owner, name in hooks:
+            setattr(owner, name, refuse)
+        for payload in payloads:
+            try:
+                records.from_bytes(payload)
+            except records.MalformedRecord:
+                refused += 1
+    finally:
+        for (owner, name), value in saved.items():
+            setattr(owner, name, value)
+    assert reached == [] and set(sys.modules) == before and not (tmp_path / "x").exists()
+    assert refused == len(payloads) - 2  # the hooks were in place while every payload was decoded
+
+
+# -- the collector: foreign bytes count as that rank's empty record of the call -------------------
+
+
+class _Queues:
+    """The Inbox interface over in-memory queues: every payload already posted."""
+
+    def __init__(self, queues):
+        self.queues = {rank: collections.deque(q) for rank, q in queues.items()}
+
+    def wait(self, ranks, seconds):
+        return all(self.queues.get(r) for r in ranks)
+
+    def ready(self, rank):
+        return bool(self.queues.get(rank))
+
+    def take(self, rank):
+        return self.queues[rank].popleft()
+
+
+def _emitted(caplog_records):
+    return [(r.getMessage(), r.levelname) for r in caplog_records if r.name == LOGGER]
+
+
+def test_collector_counts_foreign_bytes_as_that_ranks_empty_record(caplog):
+    later = (("train.py", "step", 42), 4)
+    queues = _Queues(
+        {
+            1: [b"\x80\x04garbage", records.to_bytes(later, _record(msg="r1 later", args=()))],
+            2: [records.to_bytes(IDENTITY, _record(msg="r2", args=())), records.to_bytes(later, None)],
+        }
+    )
+    warnings = []
+    collector = _collector.Collector(queues, 3, timeout=30.0, warn=warnings.append)
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    start = time.monotonic()
+    collector.block(IDENTITY, _record(msg="r0", args=()))
+    collector.block(later, None)
+    collector.flush()
+    assert time.monotonic() - start < 5  # no deadline was waited out: the marker closed the call
+    assert _emitted(caplog.records) == [("r0", "INFO"), ("r2", "INFO"), ("r1 later", "INFO")]
+    assert len(warnings) == 1 and warnings[0].startswith("rank 1 sent something that is not an in_order record")
+    assert "counted as rank 1's empty record of the call at train.py:42 in step (call 3" in warnings[0]
+
+
+def test_collector_ignores_foreign_bytes_at_exit_with_one_warning():
+    warnings = []
+    collector = _collector.Collector(_Queues({1: [b"{"]}), 2, timeout=30.0, warn=warnings.append)
+    collector.flush()
+    assert len(warnings) == 1 and warnings[0].startswith("rank 1 sent something that is not an in_order record")
+
+
+# -- the whole package --------------------------------------------------------------------------
+
+PACKAGE = REPO / "accelerate_inorder_fix"
+# The benchmark times the old pickle codec against the new one, on bytes it made itself in the same
+# function; it never opens a store (checked below).
+BENCHMARK = PACKAGE / "tools" / "bench_records.py"
+CODE_FROM_DATA = re.compile(r"pickle|marshal|shelve|\beval\(|\bexec\(|literal_eval|__reduce__", re.IGNORECASE)
+
+
+def test_no_pickle_marshal_or_eval_anywhere_in_the_package():
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != BENCHMARK
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if CODE_FROM_DATA.search(line)
+    ]
+    assert found == []
+    assert len(list(PACKAGE.rglob("*.py"))) > 10  # the walk saw the package
+    # The benchmark never opens a store: it imports nothing that could reach one.
+    imported = set()
+    for node in ast.walk(ast.parse(BENCHMARK.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.update(f"{'.' * node.level}{node.module or ''}:{alias.name}" for alias in node.names)
+    allowed = {"argparse", "json", "logging", "pickle", "platform", "statistics", "sys", "time"}
+    allowed |= {"__future__:annotations", "typing:Any", "typing:Callable", "typing:Optional", "..gather:records"}
+    assert imported <= allowed, imported - allowed

@@ -1,0 +1,111 @@
+"""Promise: settings are parsed strictly; a bad environment value is said once and the default used; a bad
+`configure()` call raises and changes nothing (pure logic, in-process)."""
+
+import math
+import uuid
+
+import pytest
+
+from accelerate_inorder_fix import config
+
+
+@pytest.mark.parametrize("word,mode", [("barrier", "barrier"), (" Gather ", "gather"), ("BARRIER", "barrier")])
+def test_mode_words_in_any_case(word, mode):
+    assert config.parse_mode(word) == mode
+
+
+@pytest.mark.parametrize("word", ["", "gathr", "barrier,gather", None, 1])
+def test_other_mode_words_are_refused(word):
+    with pytest.raises(ValueError, match="mode must be one of barrier, gather"):
+        config.parse_mode(word)
+
+
+@pytest.mark.parametrize("value,seconds", [("30", 30.0), (" 0.5 ", 0.5), (2, 2.0), ("1e-3", 0.001)])
+def test_timeout_is_a_positive_finite_number(value, seconds):
+    assert config.parse_timeout(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", "-inf", math.inf, 0, "abc", "", None, "1 s"])
+def test_other_timeouts_are_refused(value):
+    with pytest.raises(ValueError, match="timeout must be"):
+        config.parse_timeout(value)
+
+
+def _bad(word):
+    """A bad value never seen before in this process: `warn_once` remembers the ones it has said."""
+    return f"{word}-{uuid.uuid4().hex[:8]}"
+
+
+def test_environment_gives_the_settings(monkeypatch):
+    settings = config.Settings()
+    monkeypatch.setenv(config.MODE_ENV, "GATHER")
+    monkeypatch.setenv(config.TIMEOUT_ENV, "2.5")
+    assert (settings.mode(), settings.timeout()) == ("gather", 2.5)
+    assert (settings.mode_source(), settings.timeout_source()) == (config.MODE_ENV, config.TIMEOUT_ENV)
+    monkeypatch.delenv(config.MODE_ENV)
+    monkeypatch.setenv(config.TIMEOUT_ENV, "  ")
+    assert (settings.mode(), settings.timeout()) == (config.DEFAULT_MODE, config.DEFAULT_TIMEOUT)
+    assert (settings.mode_source(), settings.timeout_source()) == ("default", "default")
+
+
+@pytest.mark.parametrize(
+    "name,read,default",
+    [(config.MODE_ENV, "mode", config.DEFAULT_MODE), (config.TIMEOUT_ENV, "timeout", config.DEFAULT_TIMEOUT)],
+)
+def test_bad_environment_value_falls_back_with_one_warning(monkeypatch, capsys, name, read, default):
+    settings = config.Settings()
+    raw = _bad("-3")
+    monkeypatch.setenv(name, raw)
+    assert [getattr(settings, read)() for _ in range(3)] == [default] * 3
+    assert getattr(settings, f"{read}_source")() == "default"
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"accelerate-inorder-fix: {name}={raw!r} is not valid (")
+    assert lines[0].endswith(f"using {default!r}")
+
+
+def test_configure_overrides_the_environment(monkeypatch):
+    settings = config.Settings()
+    monkeypatch.setenv(config.MODE_ENV, "barrier")
+    settings.configure(mode="Gather", timeout="4")
+    assert (settings.mode(), settings.timeout(), settings.mode_source()) == ("gather", 4.0, "configure()")
+    settings.configure(timeout=1)  # None leaves the mode as it is
+    assert (settings.mode(), settings.timeout()) == ("gather", 1.0)
+    settings.reset()
+    assert (settings.mode(), settings.timeout()) == ("barrier", config.DEFAULT_TIMEOUT)
+
+
+@pytest.mark.parametrize("kwargs", [{"mode": "gather", "timeout": -1}, {"mode": "nope", "timeout": 5}])
+def test_bad_configure_raises_and_changes_nothing(kwargs):
+    settings = config.Settings()
+    settings.configure(mode="barrier", timeout=7)
+    with pytest.raises(ValueError):
+        settings.configure(**kwargs)
+    assert (settings.mode(), settings.timeout()) == ("barrier", 7.0)
+
+
+def test_public_configure_is_the_process_settings():
+    import accelerate_inorder_fix
+
+    assert accelerate_inorder_fix.configure is config.configure
+    try:
+        accelerate_inorder_fix.configure(mode="gather", timeout=3)
+        assert (config.SETTINGS.mode(), config.SETTINGS.timeout()) == ("gather", 3.0)
+        with pytest.raises(ValueError):
+            accelerate_inorder_fix.configure(mode="barrier", timeout=float("nan"))
+        assert (config.SETTINGS.mode(), config.SETTINGS.timeout()) == ("gather", 3.0)
+    finally:
+        config.SETTINGS.reset()
+
+
+@pytest.mark.parametrize(
+    "value,word",
+    [(None, "on"), ("", "on"), ("1", "on"), ("0", "off"), (" OFF ", "off"), ("false", "off"), ("no", "off")]
+    + [("Force", "force"), ("yes", "on")],
+)
+def test_switch_words(monkeypatch, value, word):
+    if value is None:
+        monkeypatch.delenv(config.SWITCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(config.SWITCH_ENV, value)
+    assert config.switch() == word
