@@ -36,12 +36,13 @@ for v in $RELEASES; do
   "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d .cache/sdist "accelerate==$v"
 done
 
-# A venv WITHOUT this package, for tests/test_upstream_patches.py: accelerate patched from source
+# A venv WITHOUT this package, for tests/jobs/test_upstream_patches.py: accelerate patched from source
 # (patches/) must be proven on its own, with no start-up hook and nothing importable from here.
 # accelerate's own dependencies, not accelerate itself: the patched copy comes first on PYTHONPATH.
 UPSTREAM_VENV=${AIF_UPSTREAM_VENV:-.venv-upstream}
 UPY=$UPSTREAM_VENV/bin/python
 [ -x "$UPY" ] || python3 -m venv "$UPSTREAM_VENV"
 "$UPY" -m pip install -q --disable-pip-version-check torch==2.13.0
-"$UPY" -m pip install -q --disable-pip-version-check pytest setuptools wheel \
+# ruff: the pin of accelerate's `make quality` (setup.py, extras["quality"]), run on the patches.
+"$UPY" -m pip install -q --disable-pip-version-check pytest setuptools wheel ruff==0.13.1 \
   numpy packaging psutil pyyaml huggingface_hub safetensors

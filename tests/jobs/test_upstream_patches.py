@@ -9,7 +9,15 @@ ACCELERATE_INORDER_FIX=0 for good measure and the patched accelerate first on PY
     the one source of truth: the patch files and `_inorder.py` are two spellings of one behaviour,
     and the scenarios (the contract of issue 2) decide whether they still agree;
 (b) accelerate's own tests/test_logging.py (where the release has it) and the series' regression
-    test must pass, and the same regression test must fail on the unpatched sdist.
+    test must pass, and the same regression test must fail on the unpatched sdist, each failing test
+    within REGRESSION_BOUND seconds (its gloo timeout, not a deadline of ours, ends it);
+(c) the touched Python files pass ruff 0.13.1 (check and format) under the release's own
+    pyproject.toml, as `make quality` runs it upstream, on every release that pins that ruff.
+
+Sdists carry no docs/: a series' docs commits (patches touching only docs/) are not applied to them.
+Without network, such a patch is checked for form only: docs/ paths, and `git am` onto a fixture
+rebuilt from its own context lines. Its check against a real accelerate checkout is manual and
+recorded in patches/README.md.
 """
 
 import os
@@ -29,12 +37,45 @@ PATCHES = REPO / "patches"
 # Upstream release line (conftest.release_line) -> the series written for it.
 SERIES = {"0.20": "v0.21-v0.30", "0.31": "v0.31-v1.12", "1.13": "main"}
 REGRESSION_TEST = "tests/test_logging_in_order.py"
-# Which regression tests the unpatched release fails: 1.13+ only lost the rank-dependent levels case.
-UNPATCHED_FAILURES = {
-    "0.20": {"test_in_order_default", "test_in_order_main_process_only_false", "test_in_order_rank_dependent_levels"},
-    "0.31": {"test_in_order_default", "test_in_order_main_process_only_false", "test_in_order_rank_dependent_levels"},
-    "1.13": {"test_in_order_rank_dependent_levels"},
+REGRESSION_SCRIPT = "src/accelerate/test_utils/scripts/test_logging_in_order.py"  # run by the test with torchrun
+REGRESSION_FILES = (REGRESSION_TEST, REGRESSION_SCRIPT)
+# Which regression tests the unpatched release fails: since #3280 (1.13) only the rank-local cases.
+ALL_REGRESSION_TESTS = {
+    "test_in_order_default",
+    "test_in_order_main_process_only_false",
+    "test_in_order_rank_dependent_levels",
+    "test_in_order_logging_disabled",
 }
+UNPATCHED_FAILURES = {
+    "0.20": ALL_REGRESSION_TESTS,
+    "0.31": ALL_REGRESSION_TESTS,
+    "1.13": {"test_in_order_rank_dependent_levels", "test_in_order_logging_disabled"},
+}
+REGRESSION_BOUND = 60  # seconds: an unpatched failing test must fail (not hang) within this
+# The older series carry main's regression files with the helpers their releases lack replaced:
+# (file, main's text, the fork's text). Nothing else may differ (test_series_share_one_regression_test).
+FORK_SUBSTITUTIONS = {
+    "v0.31-v1.12": [
+        (REGRESSION_SCRIPT, "    state.destroy_process_group()\n", "    torch.distributed.destroy_process_group()\n"),
+    ],
+    "v0.21-v0.30": [
+        (REGRESSION_SCRIPT, "    state.destroy_process_group()\n", "    torch.distributed.destroy_process_group()\n"),
+        (
+            REGRESSION_TEST,
+            "from accelerate.test_utils import execute_subprocess_async, path_in_accelerate_package, require_cpu\n",
+            "from accelerate.test_utils import execute_subprocess_async, require_cpu\n"
+            "from accelerate.test_utils.scripts import test_logging_in_order\n",
+        ),
+        (
+            REGRESSION_TEST,
+            '    test_file_path = path_in_accelerate_package("test_utils", "scripts", "test_logging_in_order.py")\n',
+            "    test_file_path = test_logging_in_order.__file__\n",
+        ),
+    ],
+}
+# Releases whose setup.py pins the ruff of upstream's `make quality` today (older ones pinned ruff 0.2 / black).
+RUFF = "ruff == 0.13.1"
+RUFF_RELEASES = ["1.12.0", "1.13.0", "1.15.0"]
 NPROC = 2
 GIT_ID = {
     "GIT_AUTHOR_NAME": "aif-test",
@@ -62,6 +103,24 @@ def upstream_env(accelerate_path):
 
 def series_files(series):
     return sorted((PATCHES / series).glob("*.patch"))
+
+
+def patched_paths(patch):
+    """The paths a patch file touches (its `diff --git a/X b/X` lines)."""
+    return re.findall(r"^diff --git a/(\S+) b/", patch.read_text(), re.M)
+
+
+def is_docs_patch(patch):
+    return all(path.startswith("docs/") for path in patched_paths(patch))
+
+
+def code_patches(series):
+    """The patches of a series that an sdist (which has no docs/) takes: the fix and its test."""
+    return [p for p in series_files(series) if not is_docs_patch(p)]
+
+
+def docs_patches(series):
+    return [p for p in series_files(series) if is_docs_patch(p)]
 
 
 def git(tree, *args):
@@ -119,9 +178,33 @@ def install(tree, dest):
 
 
 def run_pytest(tree, accelerate_path, tests):
-    """Run accelerate's own pytest files from `tree` against `accelerate_path`; returns the Job."""
-    cmd = [upstream_python(), "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *tests]
-    return _launch.run(cmd, env=upstream_env(accelerate_path), timeout=240, cwd=str(tree))
+    """Run accelerate's own pytest files from `tree` against `accelerate_path`; returns the Job.
+
+    The hard timeout SIGKILLs the whole job, torchrun's workers included (they run in sessions of
+    their own, and `_launch.run` finds them by the marker in their environment).
+    """
+    cmd = [
+        upstream_python(),
+        "-m",
+        "pytest",
+        "-q",
+        "-rA",
+        "--durations=0",
+        "--durations-min=0",
+        "-p",
+        "no:cacheprovider",
+        *tests,
+    ]
+    # Room for every regression test to fail at its bound, plus test_logging.py and start-up.
+    timeout = len(ALL_REGRESSION_TESTS) * REGRESSION_BOUND + 60
+    return _launch.run(cmd, env=upstream_env(accelerate_path), timeout=timeout, cwd=str(tree))
+
+
+def durations(job):
+    """{test name: seconds} of the `call` phase, from pytest's --durations report."""
+    return {
+        name: float(secs) for secs, name in re.findall(r"^([\d.]+)s call\s+\S+::(\w+)$", "\n".join(job.lines), re.M)
+    }
 
 
 def verdicts(job):
@@ -135,12 +218,12 @@ class Release:
         self.version, self.line = version, release_line(version)
         self.series = SERIES[self.line]
         self.tree = checkout_sdist(version, root)
-        git(self.tree, "am", "-q", *map(str, series_files(self.series)))
+        git(self.tree, "am", "-q", *map(str, code_patches(self.series)))
         git(self.tree, "tag", "patched")
         self.patched = install(self.tree, root / "patched")
         # The unpatched code with the series' tests: the regression test must catch the bug there.
         git(self.tree, "checkout", "-q", "-b", "unpatched", "sdist")
-        git(self.tree, "checkout", "-q", "patched", "--", "tests")
+        git(self.tree, "checkout", "-q", "patched", "--", "tests", REGRESSION_SCRIPT)
         self.unpatched = install(self.tree, root / "unpatched")
 
 
@@ -195,15 +278,45 @@ def test_accelerate_tests_pass_when_patched(release):
     job = run_pytest(release.tree, release.patched, tests)
     assert job.returncode == 0 and job.killed is None, "\n".join(job.lines[-60:])
     assert not re.search(r"\d+ (skipped|deselected|xfailed)", job.lines[-1]), job.lines[-1]  # all really ran
+    passed = set(re.findall(r"^PASSED \S+::(\w+)$", "\n".join(job.lines), re.M))
+    assert ALL_REGRESSION_TESTS <= passed, "\n".join(job.lines[-60:])  # @require_cpu skipped none
 
 
 def test_regression_test_fails_unpatched(release):
-    """(b) The regression test catches the bug on the unpatched sdist, by failing, not by hanging."""
+    """(b) The regression test catches the bug on the unpatched sdist, by failing, not by hanging.
+
+    Each failing test must end within REGRESSION_BOUND seconds: its bound is the process group's
+    timeout in the worker script, the hard timeout of `run_pytest` only guards this suite.
+    """
     job = run_pytest(release.tree, release.unpatched, [REGRESSION_TEST])
     failed = set(re.findall(r"^FAILED \S+::(\w+)", "\n".join(job.lines), re.M))
     assert job.killed is None, job
     assert failed == UNPATCHED_FAILURES[release.line], "\n".join(job.lines[-60:])
     assert not any(line.startswith("ERROR") for line in job.lines), "\n".join(job.lines[-60:])
+    times = durations(job)
+    assert set(times) == ALL_REGRESSION_TESTS, "\n".join(job.lines[-60:])
+    slow = {name: secs for name, secs in times.items() if secs >= REGRESSION_BOUND}
+    assert not slow, f"failed, but not within {REGRESSION_BOUND}s: {slow}"
+    # The failures come from the gloo timeout of the worker script (a process left in a barrier).
+    assert any("Timed out" in line or "Connection closed" in line for line in job.lines), "\n".join(job.lines[-60:])
+
+
+@pytest.mark.parametrize("version", RUFF_RELEASES)
+def test_touched_files_pass_upstream_ruff(version, tmp_path):
+    """(c) `ruff check` and `ruff format --check` (0.13.1) are clean on every Python file the series
+    touches, under the release's own pyproject.toml, as upstream's `make quality` runs them."""
+    tree = checkout_sdist(version, tmp_path)
+    assert f'"{RUFF}"' in (tree / "setup.py").read_text(), f"{version} does not pin {RUFF}"
+    series = SERIES[release_line(version)]
+    git(tree, "am", "-q", *map(str, code_patches(series)))
+    files = sorted({path for p in code_patches(series) for path in patched_paths(p) if path.endswith(".py")})
+    assert set(REGRESSION_FILES) | {"src/accelerate/logging.py"} == set(files), files
+    ruff = [upstream_python(), "-m", "ruff"]
+    version_out = subprocess.run([*ruff, "--version"], capture_output=True, text=True, timeout=60)
+    assert version_out.stdout.split() == ["ruff", RUFF.split()[-1]], (version_out, "run scripts/setup.sh")
+    for args in (["check", "--no-cache"], ["format", "--check", "--diff", "--no-cache"]):
+        out = subprocess.run([*ruff, *args, *files], cwd=tree, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, f"ruff {' '.join(args)} on {version}:\n{out.stdout}{out.stderr}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +331,7 @@ def test_every_patch_file_is_tested():
         if path.is_dir():
             continue
         rel = path.relative_to(PATCHES)
-        if rel == Path("README.md"):
+        if rel in (Path("README.md"), Path("main/PULL_REQUEST.md")):
             continue
         assert len(rel.parts) == 2 and rel.suffix == ".patch", f"patches/{rel}: not part of any series"
         assert rel.parts[0] in tested, f"patches/{rel}: no release in {RELEASES} applies this series"
@@ -235,18 +348,95 @@ def _added_file(patch_text, path):
     return "".join(line[1:] + "\n" for line in match.group(1).splitlines() if line.startswith("+"))
 
 
+def _regression_files(series):
+    """{path: content} of the regression files a series adds; each exactly once."""
+    files = {}
+    for path in REGRESSION_FILES:
+        found = [b for b in (_added_file(p.read_text(), path) for p in series_files(series)) if b is not None]
+        assert len(found) == 1, f"{series}: {path} is added {len(found)} times"
+        files[path] = found[0]
+    return files
+
+
 def test_series_share_one_regression_test():
-    """The regression test is the same file in every series: one test, not three that can drift."""
-    bodies = {}
-    for series in SERIES.values():
-        found = [_added_file(p.read_text(), REGRESSION_TEST) for p in series_files(series)]
-        bodies[series] = [b for b in found if b is not None]
-        assert len(bodies[series]) == 1, f"{series}: {REGRESSION_TEST} is added {len(bodies[series])} times"
-    assert len({b[0] for b in bodies.values()}) == 1
+    """The regression test is one test, not three that can drift: every older series carries main's
+    files, with only the declared substitutions for helpers its releases lack."""
+    main = _regression_files(SERIES["1.13"])
+    for series, substitutions in FORK_SUBSTITUTIONS.items():
+        expected = dict(main)
+        for path, old, new in substitutions:
+            assert expected[path].count(old) == 1, (series, path, old)
+            expected[path] = expected[path].replace(old, new)
+        assert _regression_files(series) == expected, f"{series} differs from main beyond FORK_SUBSTITUTIONS"
+    assert set(FORK_SUBSTITUTIONS) == set(SERIES.values()) - {SERIES["1.13"]}
+
+
+def test_regression_test_conventions():
+    """The upstream test follows accelerate's CPU multi-process conventions (issue 12)."""
+    files = _regression_files(SERIES["1.13"])
+    test, script = files[REGRESSION_TEST], files[REGRESSION_SCRIPT]
+    assert "@require_cpu\nclass " in test
+    assert "execute_subprocess_async(" in test and "torch.distributed.run" in test
+    assert 'patch_environment(gloo_socket_ifname="lo"' in test
+    assert "PartialState(cpu=True, timeout=COLLECTIVE_TIMEOUT)" in script
+    assert re.search(r"^COLLECTIVE_TIMEOUT = timedelta\(seconds=(\d+)\)$", script, re.M)
+    assert int(re.search(r"timedelta\(seconds=(\d+)\)", script).group(1)) * 3 < REGRESSION_BOUND
+    # No harness of its own: no manual process group, free-port helper, or process handling.
+    for own in ("init_process_group", "import socket", "start_processes", "multiprocessing", "MASTER_PORT"):
+        assert own not in script + test, own
+    assert "logging.disable(" in script
+    # Each test says whether it fails on upstream main today, and says it right.
+    for name, body in re.findall(r"    def (test_\w+)\(self\):\n(.*?)(?=\n    def |\Z)", test, re.S):
+        docstring = body.split('"""')[1]
+        fails = name in UNPATCHED_FAILURES["1.13"]
+        assert ("Fails on `main`" if fails else "Passes on `main`") in docstring, (name, docstring)
+
+
+def _fixture_from_patch(text):
+    """{path: content} of files that hold exactly the context of a patch's hunks, at their line numbers."""
+    files = {}
+    for diff in re.split(r"^(?=diff --git )", text, flags=re.M)[1:]:
+        path = re.match(r"diff --git a/(\S+) b/", diff).group(1)
+        lines = []
+        for start, body in re.findall(
+            r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@[^\n]*\n(.*?)(?=^@@ |\Z)", diff, re.M | re.S
+        ):
+            pre = [line[1:] for line in body.splitlines() if line[:1] in (" ", "-")]
+            lines += ["filler"] * (int(start) - 1 - len(lines)) + pre
+        files[path] = "".join(line + "\n" for line in lines)
+    return files
+
+
+def test_docs_patches_are_well_formed(tmp_path):
+    """Docs commits touch only docs/ and `git am` cleanly onto their own context (no network here).
+
+    The main series has one, after the code; the older series have none (they are for forks, whose
+    docs are not published). Their check on a real checkout of accelerate is in patches/README.md.
+    """
+    docs = docs_patches(SERIES["1.13"])
+    assert [p.name[:4] for p in docs] == ["0003"], docs
+    assert series_files(SERIES["1.13"])[-1] == docs[0]  # the code and test commits come first
+    for series in FORK_SUBSTITUTIONS:
+        assert docs_patches(series) == [], series
+    for patch in docs:
+        text = patch.read_text()
+        assert patched_paths(patch) and all(
+            p.startswith("docs/source/") and p.endswith(".md") for p in patched_paths(patch)
+        ), patch
+        assert "in_order=True" in text and "collective" in text
+        tree = tmp_path / patch.stem
+        for path, content in _fixture_from_patch(text).items():
+            (tree / path).parent.mkdir(parents=True, exist_ok=True)
+            (tree / path).write_text(content)
+        git(tree, "init", "-q")
+        git(tree, "add", "-A")
+        git(tree, "commit", "-q", "-m", "fixture")
+        git(tree, "am", "-q", str(patch))
 
 
 def test_series_are_git_am_ready():
-    """Each patch has what `git am` and a reviewer need: From line, author, date, subject, a message."""
+    """Each patch has what `git am` and a reviewer need: From line, author, date, subject, a message;
+    the main series' commits link the bug report and the partial fix, as upstream's PR template asks."""
     for series in SERIES.values():
         files = series_files(series)
         assert files, series
@@ -257,6 +447,26 @@ def test_series_are_git_am_ready():
                 assert f"\n{header}" in text, (path, header)
             message = text.split("\n\n", 1)[1].split("\n---\n", 1)[0]
             assert len(message.split()) > 40, f"{path}: the commit message must explain the change"
+    fix = series_files(SERIES["1.13"])[0].read_text().split("\n---\n", 1)[0]
+    assert re.search(r"^Fixes #3939$", fix, re.M) and "#3280" in fix
+    assert "What changes for users" in fix and "barriers" in fix and "hangs" in fix
+
+
+def test_pull_request_text():
+    """patches/main/PULL_REQUEST.md: a title and the fields of accelerate's PR template, with links."""
+    text = (PATCHES / "main" / "PULL_REQUEST.md").read_text()
+    assert re.match(r"# Title\n\n\S.*\n", text), "starts with the title to paste"
+    for field in ("# What does this PR do?", "Fixes #3939", "## Before submitting", "## Who can review?"):
+        assert field in text, field
+    for must in (
+        "#3280",
+        "#1262",
+        "test_in_order_rank_dependent_levels",
+        "test_in_order_logging_disabled",
+        "debug_launcher",
+        "GLOO_SOCKET_IFNAME",
+    ):
+        assert must in text, must
 
 
 def test_series_share_one_fix():
