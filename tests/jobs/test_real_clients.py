@@ -11,7 +11,7 @@ import re
 import pytest
 from conftest import SCRIPTS, accelerate_dir
 from test_faults import expect, records
-from test_startup_hook import clean_env, wheel, wheel_venv  # noqa: F401  (fixtures)
+from test_startup_hook import clean_env
 
 from accelerate_inorder_fix.tools import launch as _launch
 

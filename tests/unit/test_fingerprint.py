@@ -1,6 +1,6 @@
 """Promise: the guard's fingerprint counts the code of a `log` body and nothing else (pure logic, in-process).
 
-Which releases carry which body, checked against each installed release, is tests/jobs/test_fingerprint.py.
+Which releases carry which body, checked against each installed release, is tests/jobs/test_fingerprint_releases.py.
 """
 
 from accelerate_inorder_fix import _upstream
