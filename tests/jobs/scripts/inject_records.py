@@ -84,7 +84,7 @@ def _inject_into_posts(rank, size):
             payload = payload[: len(payload) // 2]
         if kind:
             _say(f"@@INJECTED {kind} r{rank} call={state['call']} bytes={len(payload)}")
-        real_post(self, payload)
+        return real_post(self, payload)
 
     transport.Outbox.post = post
     return state
