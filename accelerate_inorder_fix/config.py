@@ -119,24 +119,21 @@ class Settings:
         """Seconds a gather-mode wait may last."""
         return self._timeout or self._from_env(TIMEOUT_ENV, parse_timeout, DEFAULT_TIMEOUT)
 
-    def mode_source(self) -> str:
-        """Where the mode comes from: 'configure()', the variable's name, or 'default'."""
-        if self._mode:
+    def _source(self, override: object, name: str, parse) -> str:
+        """Where a setting comes from: 'configure()', the variable's name, or 'default'."""
+        if override:
             return "configure()"
-        raw = os.environ.get(MODE_ENV, "")
+        raw = os.environ.get(name, "")
         try:
-            return MODE_ENV if raw.strip() and parse_mode(raw) else "default"
+            return name if raw.strip() and parse(raw) else "default"
         except ValueError:
             return "default"
 
+    def mode_source(self) -> str:
+        return self._source(self._mode, MODE_ENV, parse_mode)
+
     def timeout_source(self) -> str:
-        if self._timeout:
-            return "configure()"
-        raw = os.environ.get(TIMEOUT_ENV, "")
-        try:
-            return TIMEOUT_ENV if raw.strip() and parse_timeout(raw) else "default"
-        except ValueError:
-            return "default"
+        return self._source(self._timeout, TIMEOUT_ENV, parse_timeout)
 
     def configure(self, mode: Optional[str] = None, timeout: Optional[float] = None) -> None:
         """Validate both values first, then apply them together (a bad call changes nothing)."""

@@ -281,12 +281,9 @@ def check(name, nproc, lines):
         return "missing", f"records {got}, expected {wanted}"
     if name != "caller" and got != wanted:
         return "unordered", f"records {got}, expected {wanted}"
-    for call, rank, want, where, _ in records:
-        if want != where:
-            return "caller", f"record {call} of rank {rank} reports {where}, the call is at {want}"
-    wrong = _wrong_prefix(lines, name)
-    if wrong:
-        return "prefix", f"a record's [RANK n] prefix is not its rank's: {wrong}"
+    problem = _site_or_prefix_problem(records, lines, name)
+    if problem:
+        return problem
     if name == "exception":
         for _, rank, _, _, index in records:
             block = lines[index + 1 : index + 8]
@@ -294,6 +291,17 @@ def check(name, nproc, lines):
             if not block or not block[0].startswith("Traceback") or tail != f"ValueError: boom r{rank}":
                 return "traceback", f"record of rank {rank} is not followed by its own traceback"
     return "ordered", ""
+
+
+def _site_or_prefix_problem(records, lines, name):
+    """('caller', detail) or ('prefix', detail) for the first record reporting the wrong site or rank, else None."""
+    for call, rank, want, where, _ in records:
+        if want != where:
+            return "caller", f"record {call} of rank {rank} reports {where}, the call is at {want}"
+    wrong = _wrong_prefix(lines, name)
+    if wrong:
+        return "prefix", f"a record's [RANK n] prefix is not its rank's: {wrong}"
+    return None
 
 
 _WARNING = re.compile(r"accelerate-inorder-fix: .*no record from rank\(s\) (?P<ranks>[\d, ]+) within")
@@ -329,12 +337,9 @@ def check_fault(name, nproc, lines, timeout):
     wanted = [(1, r) for r in others] + ([(2, r) for r in range(nproc)] if name == "subset" else [])
     if got != wanted:
         return "unordered", f"records {got}, expected {wanted}"
-    for call, rank, want, where, _ in records:
-        if want != where:
-            return "caller", f"record {call} of rank {rank} reports {where}, the call is at {want}"
-    wrong = _wrong_prefix(lines, name)
-    if wrong:
-        return "prefix", f"a record's [RANK n] prefix is not its rank's: {wrong}"
+    problem = _site_or_prefix_problem(records, lines, name)
+    if problem:
+        return problem
     warnings = [(i, ranks) for i, line in enumerate(lines) for ranks in warned_ranks([line])]
     if [ranks for _, ranks in warnings] != [[last]]:
         return "warning", f"warnings name {[ranks for _, ranks in warnings]}, expected [[{last}]]"
