@@ -10,8 +10,9 @@ that rank's record of `identity`, or the deadline passes. Records met on the way
 - to a call the main process has not made (yet): kept, used when it makes it, flushed at exit.
 Then the block goes out in rank order, followed, if ranks are missing, by one warning naming them.
 
-Reading is batched (`transport`): one wait on every needed rank's next record and one fetch of them
-all per round, so a block of 1,024 ranks costs a few store round trips, not a few per rank.
+Reading is batched (`transport`): first whatever is in the shared slot already, without waiting;
+then, for ranks still missing, one wait on all of them and one read, so a block of 1,024 ranks costs
+a few store round trips, not a few per rank.
 
 Emitting never raises and never stops a block: a handler or filter of the main process that raises
 loses that one record (one warning on stderr), as it would on the barrier path.
@@ -42,36 +43,44 @@ class Collector:
 
     # -- reading the queues -----------------------------------------------------------------
 
-    def _route(self, rank, payload, current):
-        try:
-            identity, record = _records.from_bytes(payload)
-        except _records.MalformedRecord as exc:  # foreign bytes where this rank's next record should be
-            text = f"rank {rank} sent something that is not an in_order record ({exc}); it was ignored"
+    def _route(self, rank, item, current, block):
+        """File one decoded record of `rank`: into `block` if it is for `current`, else where it belongs."""
+        if isinstance(item, _records.MalformedRecord):  # foreign bytes where this rank's next record should be
+            text = f"rank {rank} sent something that is not an in_order record ({item}); it was ignored"
             if current is None:
                 self.warn(text)
                 return
             self.warn(f"{text} and counted as rank {rank}'s empty record of the call at {describe(current)}")
-            identity, record = current, None
-        if identity in self.closed:
+            item = current, None
+        identity, record = item
+        if identity == current:
+            block[rank] = record
+        elif identity in self.closed:
             if record is not None:
                 self._emit(rank, record)  # late: its block is out, so it goes alone, not into another
-            return
-        self.pending.setdefault(identity, {})[rank] = record
-        return identity == current
+        else:
+            self.pending.setdefault(identity, {})[rank] = record
 
     def _drain(self, rank, current, block):
         """Take what `rank` has sent, without waiting, until its record of `current` is found."""
         while rank not in block and self.inbox.ready(rank):
-            if self._route(rank, self.inbox.take(rank), current):
-                block[rank] = self.pending[current].pop(rank)
+            self._route(rank, self.inbox.take(rank), current, block)
 
     def _take(self, ranks, current, block):
         """Take one record of each rank in `ranks` (all there), in one batch; it may be for another call."""
+        self._route_all(zip(ranks, self.inbox.take_many(ranks)), current, block)
+
+    def _take_copied(self, ranks, current, block):
+        """Take, without waiting, the next record of each rank in `ranks` already copied to its slot."""
+        taken = self.inbox.take_copied(ranks)
+        self._route_all(taken, current, block)
+        return bool(taken)
+
+    def _route_all(self, taken, current, block):
         failure = None
-        for rank, payload in zip(ranks, self.inbox.take_many(ranks)):
+        for rank, item in taken:
             try:
-                if self._route(rank, payload, current):
-                    block[rank] = self.pending[current].pop(rank)
+                self._route(rank, item, current, block)
             except Exception as exc:  # the batch has left the store: one bad record must not lose the others
                 failure = failure or exc
         if failure is not None:
@@ -81,8 +90,12 @@ class Collector:
         deadline = time.monotonic() + self.timeout
         while True:
             waitable = [r for r in range(self.world_size) if r not in block and r not in self.absent]
+            if not waitable:
+                break
+            if self._take_copied(waitable, identity, block):  # what is there already: no wait
+                continue
             remaining = deadline - time.monotonic()
-            if not waitable or remaining <= 0 or not self.inbox.wait(waitable, remaining):
+            if remaining <= 0 or not self.inbox.wait(waitable, remaining):
                 break
             self._take(waitable, identity, block)
         # Deadline passed (or only absent ranks are left): whatever has arrived, without waiting.
@@ -96,7 +109,6 @@ class Collector:
         """The main process's own call `identity`; `own` is its record (or None)."""
         block = {0: own}
         block.update(self.pending.pop(identity, {}))
-        self.pending[identity] = {}
         try:
             self._collect(identity, block)
         except Exception as exc:  # the store went away: what was collected still goes out
@@ -121,16 +133,26 @@ class Collector:
         try:
             _records.emit(record)
         except Exception as exc:
-            warn_once(
-                ("gather-emit", type(exc)),
-                f"the main process's handlers raised on rank {rank}'s in_order record, which is dropped "
-                f"(the others are not): {exc!r}",
-            )
+            self._dropped(rank, exc)
+
+    def _dropped(self, rank, exc):
+        warn_once(
+            ("gather-emit", type(exc)),
+            f"the main process's handlers raised on rank {rank}'s in_order record, which is dropped "
+            f"(the others are not): {exc!r}",
+        )
 
     def _emit_block(self, block):
+        loggers = {}  # one lookup per logger name, not per record: a block may hold 1,024 records
         for rank in sorted(block):
-            if block[rank] is not None:
-                self._emit(rank, block[rank])
+            record = block[rank]
+            if record is None:
+                continue
+            try:
+                logger = loggers.get(record.name) or loggers.setdefault(record.name, _records.logger_for(record))
+                logger.callHandlers(record)
+            except Exception as exc:
+                self._dropped(rank, exc)
 
     # -- exit -------------------------------------------------------------------------------
 
@@ -141,8 +163,8 @@ class Collector:
         """
         for rank in range(1, self.world_size):
             self._drain(rank, None, {})
-            for payload in self.inbox.seal(rank):
-                self._route(rank, payload, None)
+            for item in self.inbox.seal(rank):
+                self._route(rank, item, None, {})
         leftovers = [(identity, block) for identity, block in self.pending.items() if block]
         self.pending.clear()
         if not leftovers:

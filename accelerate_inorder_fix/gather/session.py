@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import os
 import threading
 from typing import Any, Optional
 
@@ -55,6 +56,7 @@ class GatherSession:
         self._logger_name = "root"
         self._counts: collections.Counter = collections.Counter()
         self._main_gone = False
+        self._pid: Optional[int] = None  # the process that opened the store connection
 
     # -- which mode -------------------------------------------------------------------------
 
@@ -77,6 +79,7 @@ class GatherSession:
     def _agree(self, state, settings, own: str) -> str:
         """One bounded round trip through the job's store: the main process's mode, on every rank."""
         store, self._store_reason = transport.open_store(settings.timeout())
+        self._pid = os.getpid()
         if store is None:
             return own
         self._store = store
@@ -143,7 +146,10 @@ class GatherSession:
                 record = None
             self._counts[site] += 1
             identity = (site, self._counts[site])
-            if self._collector is not None:
+            if self._pid != os.getpid():  # a forked child (a DataLoader worker): the connection is its parent's
+                _warn("a forked process prints its own in_order records (the store connection is its parent's)")
+                self._print_here(record)
+            elif self._collector is not None:
                 self._collect(adapter, identity, record)
             else:
                 self._post(identity, record)
@@ -161,12 +167,17 @@ class GatherSession:
             try:
                 if self._outbox is None:  # at exit, after our side closed: nobody would read it
                     raise RuntimeError("the process is exiting")
-                if self._outbox.post(records.to_bytes(identity, record)):
+                if self._outbox.post(*records.encode(identity, record)):
                     return
                 _warn("the main process has finished; this rank prints its own in_order records from now on")
             except Exception as exc:  # undeliverable: print it here rather than lose it
                 _warn(f"gather mode could not send a record to the main process, printing it on this rank: {exc!r}")
             self._main_gone = True
+        self._print_here(record)
+
+    @staticmethod
+    def _print_here(record) -> None:
+        """This process's own handlers: for a record that cannot reach the main process."""
         if record is not None:
             try:
                 records.emit(record)

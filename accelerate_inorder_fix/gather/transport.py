@@ -5,16 +5,22 @@ Every torch.distributed job already has a key-value store (the rendezvous `TCPSt
 through a process group's collectives: nothing is queued behind NCCL work, no CUDA stream is synced,
 and a rank that posts never waits for anyone.
 
-Each rank's records form a queue: key `<rank>/<n>` is that rank's n-th in_order record. Only the
-main process reads, in order, and its cost per call must not grow by round trips per rank (a job of
-1,024 ranks): for one call it waits on every rank's next key at once and fetches them with one
-`multi_get`, where the installed torch has it (older releases: one `get` per key, same behaviour).
+Each rank's records form a queue: key `<rank>/<n>` is that rank's n-th in_order record, written
+atomically (`compare_set`). That key is the record. Only the main process reads, in order.
 
-The main process deletes nothing. Every `PUBLISH_EVERY` calls it publishes how far it has read each
-queue (one key, `read`: a little-endian uint64 per rank), and each rank, every `CLEAN_EVERY` posts,
-deletes its own records below that mark. The clean-up cost is spread over the ranks (one delete per
-post, amortised), and the store holds, per rank, the records the main process had not read at that
-rank's last clean-up plus at most `CLEAN_EVERY + PUBLISH_EVERY`, whatever the number of calls.
+Its cost per call must not grow by round trips per rank (a job of 1,024 ranks), nor by work per key:
+torch's `multi_get` of 1,024 keys costs milliseconds of per-key overhead, a `get` of one value of the
+same size a tenth of a millisecond. So a rank, before writing its key, appends a copy of the record
+to slot `n % SLOTS`, one key all ranks share (`copies`). At its call the main process reads that one
+slot, without waiting, and deletes it; it waits (one `wait` on every missing rank's key) only for
+ranks whose copy is not there yet, and reads a rank's key only when its copy cannot give the record.
+Torch releases without `append` or `multi_get`: the same protocol on the keys alone, slower.
+
+The main process deletes nothing else. Every `PUBLISH_EVERY` calls it publishes how far it has read
+each queue (one key, `read`: a little-endian uint64 per rank), and each rank, every `CLEAN_EVERY`
+posts, deletes its own records below that mark, in a thread of its own (`Cleaner`), off its posts.
+The store holds, per rank, the records the main process had not read at that rank's last clean-up
+plus at most `CLEAN_EVERY + PUBLISH_EVERY`, and at most `SLOTS` slots, whatever the number of calls.
 
 The only blocking operation is `wait`, always with an explicit deadline; the connection's own
 timeout is bounded too, so a dead store cannot hang a rank for the process group's 30 minutes.
@@ -28,6 +34,9 @@ read once by every rank at its first in_order call.
 
 import datetime
 import struct
+import threading
+
+from . import copies, records
 
 
 PREFIX = "accelerate_inorder_fix/"
@@ -37,6 +46,8 @@ READ_KEY = "read"
 PUBLISH_EVERY = 8  # main process: calls between two publications of its read marks
 CLEAN_EVERY = 8  # a rank: posts between two clean-ups of what the main process has read
 _MARK = struct.Struct("<Q")
+SLOTS = 16  # slots shared by all ranks: a rank's n-th record is copied into slot n % SLOTS
+_UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
 
 def open_store(timeout):
@@ -68,6 +79,10 @@ def key(rank, n):
     return f"{rank}/{n}"
 
 
+def slot_key(n):
+    return f"slot/{n % SLOTS}"
+
+
 def read_mark(marks, rank):
     """How many of `rank`'s records the main process had read, from a `read` value (0 if not listed)."""
     offset = rank * _MARK.size
@@ -76,46 +91,109 @@ def read_mark(marks, rank):
     return _MARK.unpack_from(marks, offset)[0]
 
 
+class Cleaner:
+    """A rank's clean-up, off its posts: one daemon thread, woken every `CLEAN_EVERY` posts.
+
+    Deleting what the main process has read costs a round trip per record; done inside `post`, every
+    eighth post of a rank would take several times as long as the others. The thread shares the rank's
+    store connection (its client takes one call at a time) and only ever deletes the rank's own keys.
+    """
+
+    def __init__(self, outbox):
+        self._outbox = outbox
+        self._changed = threading.Condition()
+        self._wanted = self._done = 0  # clean up to this many posts: asked for, and done
+        self._thread = None
+
+    def request(self, sent):
+        with self._changed:
+            self._wanted = max(self._wanted, sent)
+            self._changed.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="accelerate-inorder-fix-clean", daemon=True)
+                self._thread.start()
+
+    def idle(self, timeout):
+        """Wait up to `timeout` seconds until every requested clean-up has run; True if it has."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._done >= self._wanted, timeout)
+
+    def _run(self):
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._wanted > self._done)
+                sent = self._wanted
+            try:
+                self._outbox.clean(sent)
+            except (RuntimeError, OSError):  # nothing lost: what was not deleted goes at the next request
+                pass
+            with self._changed:
+                self._done = sent
+                self._changed.notify_all()
+
+
 class Outbox:
     """A rank's side: append records to its own queue, and delete those already read. Never waits."""
 
-    def __init__(self, store, rank, clean_every=CLEAN_EVERY):
+    def __init__(self, store, rank, clean_every=CLEAN_EVERY, background=True):
         self.store, self.rank, self.clean_every = store, rank, clean_every
+        self.cleaner = Cleaner(self) if background else None
         self.sent = 0
         self.cleaned = 0  # records below this index are deleted
         self.published = False  # the main process has written READ_KEY (it is never deleted)
+        self.slotted = callable(getattr(store, "append", None))
+        self.copier = copies.Copier(rank, refresh=SLOTS)
 
-    def post(self, payload):
-        """Append `payload`; False when the main process has sealed the queue (it has finished)."""
-        if bytes(self.store.compare_set(key(self.rank, self.sent), "", payload)) == TOMBSTONE:
+    def post(self, payload, document=None):
+        """Append `payload` (`document`: its data, if known); False when the main process has sealed the queue."""
+        n = self.sent
+        if self.slotted:  # the copy first: whoever sees the rank's key below finds the copy already there
+            try:
+                self.store.append(slot_key(n), self.copier.line(n, payload, document))
+            except (RuntimeError, NotImplementedError):  # a store without `append`: the rank's key alone
+                self.slotted = False
+        if bytes(self.store.compare_set(key(self.rank, n), "", payload)) == TOMBSTONE:
             return False
         self.sent += 1
         if self.sent % self.clean_every == 0:
+            if self.cleaner is not None:
+                self.cleaner.request(self.sent)
+                return True
             try:
-                self.clean()
+                self.clean(self.sent)
             except (RuntimeError, OSError):  # the record is delivered; what was not deleted goes next time
                 pass
         return True
 
-    def clean(self):
-        """Delete this rank's records the main process has read (`check` until it has published: `get` waits)."""
+    def clean(self, sent):
+        """Delete this rank's first `sent` records, those the main process has read.
+
+        `check` for the main process's read marks until it has published them: `get` would wait.
+        """
         self.published = self.published or self.store.check([READ_KEY])
         if not self.published:
             return
-        read = min(read_mark(self.store.get(READ_KEY), self.rank), self.sent)
+        read = min(read_mark(self.store.get(READ_KEY), self.rank), sent)
         for n in range(self.cleaned, read):
             self.store.delete_key(key(self.rank, n))
         self.cleaned = max(self.cleaned, read)
 
 
 class Inbox:
-    """The main process's side: read each rank's queue in order, with bounded waits, in batches."""
+    """The main process's side: read each rank's queue in order, with bounded waits, in batches.
+
+    What it hands out is decoded: `(identity, record)`, or the `MalformedRecord` saying why the
+    payload at that place in the queue is not one.
+    """
 
     def __init__(self, store, world_size, publish_every=PUBLISH_EVERY):
         self.store = store
         self.cursor = [0] * world_size
         self.publish_every = publish_every
         self.batched = callable(getattr(store, "multi_get", None))
+        self.slotted = callable(getattr(store, "append", None))
+        self.copies = {}  # (rank, n) -> a copy read from a slot, not yet taken
+        self.reader = copies.CopyReader()
         self._settled = 0
 
     def _next_key(self, rank):
@@ -134,16 +212,78 @@ class Inbox:
         return self.store.check([self._next_key(rank)])
 
     def take(self, rank):
-        """The next record payload of `rank` (known to be there)."""
+        """The next record of `rank` (known to be there)."""
         return self.take_many([rank])[0]
 
     def take_many(self, ranks):
-        """The next record payload of each rank in `ranks` (each known to be there), in one round trip."""
-        names = [self._next_key(r) for r in ranks]
-        payloads = self.store.multi_get(names) if self.batched else [self.store.get(name) for name in names]
+        """The next record of each rank in `ranks` (each known to be there), in a few round trips.
+
+        Ranks at the same place in their queues share a slot: one read of it gives them all (and
+        deletes it, so no slot outgrows one round of records). A record whose copy cannot give it
+        (a store without `append`, a slot already read, a damaged copy) comes from its own key.
+        """
+        for rank, n, line in self._read_slots(ranks):
+            self._keep(rank, n, line)
+        items = [self._from_copy(rank) for rank in ranks]
+        missing = [i for i, item in enumerate(items) if item is None]
+        if missing:
+            names = [self._next_key(ranks[i]) for i in missing]
+            payloads = self.store.multi_get(names) if self.batched else [self.store.get(name) for name in names]
+            for i, payload in zip(missing, payloads):
+                items[i] = records.decode(payload)
         for rank in ranks:
             self.cursor[rank] += 1
-        return payloads
+        return items
+
+    def take_copied(self, ranks):
+        """`(rank, record)` for each rank in `ranks` whose next record's copy is in its slot: no waiting.
+
+        A copy is appended before the rank writes its key, so the key will hold the same record: taking
+        the copy takes the record. (If the rank's store connection fails between the two, the rank may
+        print the record too: the one case where a record can come out twice.)
+        """
+        if not self.slotted:
+            return []
+        cursor, decode, taken = self.cursor, self.reader.decode, []
+
+        def take(rank, line):
+            item = decode(rank, line)  # None: a copy that cannot give the record; its key will
+            if item is not None:
+                taken.append((rank, item))
+                cursor[rank] += 1
+
+        for rank in ranks:
+            line = self.copies.pop((rank, cursor[rank]), None) if self.copies else None
+            if line is not None:
+                take(rank, line)
+        wanted = set(ranks)
+        for rank, n, line in self._read_slots(ranks):
+            if n == cursor[rank] and rank in wanted:
+                take(rank, line)
+            else:
+                self._keep(rank, n, line)
+        return taken
+
+    def _from_copy(self, rank):
+        line = self.copies.pop((rank, self.cursor[rank]), None)
+        return None if line is None else self.reader.decode(rank, line)
+
+    def _keep(self, rank, n, line):
+        """Keep a copy of a record not taken yet (the first of each), if it is among its rank's next few."""
+        if 0 <= n - self.cursor[rank] < SLOTS:
+            self.copies.setdefault((rank, n), line)
+
+    def _read_slots(self, ranks):
+        """Read and delete the slot of every place `ranks` are at (usually one); the copies in them."""
+        found = []
+        for n in {self.cursor[r] for r in ranks} if self.slotted else ():
+            name = slot_key(n)
+            blob = bytes(self.store.compare_set(name, _UNSET, _UNSET))  # its value, or _UNSET: never waits
+            if blob != _UNSET:
+                # Copies appended after this recreate the slot: read next time, or not needed.
+                self.store.delete_key(name)
+                found.extend(copies.copies_in(blob, len(self.cursor)))
+        return found
 
     def settle(self):
         """After a call's block: every `publish_every` calls, tell the ranks how far each queue was read."""
@@ -155,14 +295,14 @@ class Inbox:
         self.store.set(READ_KEY, b"".join(_MARK.pack(n) for n in self.cursor))
 
     def seal(self, rank):
-        """At exit: close `rank`'s queue for good; the payloads it posted meanwhile, in order."""
+        """At exit: close `rank`'s queue for good; what it posted meanwhile, in order (decoded)."""
         found = []
         while True:
             name = self._next_key(rank)
             payload = bytes(self.store.compare_set(name, "", TOMBSTONE))
             if payload == TOMBSTONE:
                 return found
-            found.append(payload)
+            found.append(records.decode(payload))
             self.store.delete_key(name)
             self.cursor[rank] += 1
 

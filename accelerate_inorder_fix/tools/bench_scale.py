@@ -1,15 +1,18 @@
 """Benchmark: gather mode's cost per in_order call at 8 to 1,024 ranks, new store protocol vs old.
 
-A real job of 1,024 ranks does not fit on a laptop, but gather mode's costs are all in the store
-traffic, so the ranks are simulated as client connections of a real `TCPStore`:
+A real job of 1,024 ranks does not fit on a laptop, but gather mode's costs are a rank's post and
+the main process's reading (store traffic), decoding and emitting, so the ranks are simulated as
+client connections of a real `TCPStore`:
 
 - the server runs in a process of its own on 127.0.0.1, as torchrun's rendezvous store does;
 - ranks 2..N-1 post from `--procs` processes x `--threads` threads (one store connection per thread),
-  through the package's own rank-side code (`records.to_bytes` + `transport.Outbox.post`);
-- rank 1 posts from this process on a connection of its own, and each of its posts is timed: that is
-  the rank's cost per call (`rank_us_per_call`, mean, clean-ups included);
+  through the package's own rank-side code (`records.encode` + `transport.Outbox.post`, as
+  `GatherSession._post` calls them: record, copy in the shared slot, background clean-up);
+- rank 1 posts from a process of its own (its own heap and connection, as a real rank), and each of
+  its posts is timed: that is the rank's cost per call (`rank_us_per_call`, mean);
 - the main process's side is this process: the real `Collector`, emitting every record through a
-  real `StreamHandler` writing to os.devnull.
+  real `StreamHandler` writing to os.devnull. `main_store_ms_per_call` is the part of
+  `main_ms_per_call` spent inside calls on its store connection.
 
 Each round, every rank posts `--calls` calls' records; then the main process makes those calls, timed
 (`main_ms_per_call`: median over `--rounds` rounds, per call; every record is already posted, so
@@ -38,7 +41,7 @@ import time
 import timeit
 
 from ..gather import collector as _collector
-from ..gather import records, transport
+from ..gather import copies, records, transport
 
 
 SITE = ("bench_scale.py", "train_step", 42)
@@ -56,7 +59,7 @@ class LegacyOutbox:
     def __init__(self, store, rank):
         self.store, self.rank, self.sent = store, rank, 0
 
-    def post(self, payload):
+    def post(self, payload, document=None):
         self.store.set(transport.key(self.rank, self.sent), payload)
         self.sent += 1
 
@@ -85,10 +88,13 @@ class LegacyInbox:
         payload = self.store.get(name)
         self.store.delete_key(name)
         self.cursor[rank] += 1
-        return payload
+        return records.decode(payload)
 
     def take_many(self, ranks):
         return [self.take(rank) for rank in ranks]  # exactly the old loop: one rank after another
+
+    def take_copied(self, ranks):
+        return []  # no shared slots then
 
     def settle(self):
         pass
@@ -121,10 +127,14 @@ def _record(count, rank):
     return logging.LogRecord(LOGGER, logging.INFO, "/job/bench_scale.py", SITE[2], f"step {count} r{rank}", None, None)
 
 
-def _post_calls(outboxes, first, calls):
+def _post_calls(outboxes, first, calls, timings=None):
     for count in range(first, first + calls):
         for rank, outbox in outboxes:
-            outbox.post(records.to_bytes((SITE, count), _record(count, rank)))
+            record = _record(count, rank)
+            start = time.perf_counter()
+            outbox.post(*records.encode((SITE, count), record))  # as `GatherSession._post`
+            if timings is not None:
+                timings.append(time.perf_counter() - start)
 
 
 def _poster(conn, port, threads):
@@ -148,6 +158,11 @@ def _poster(conn, port, threads):
                 worker.start()
             for worker in workers:
                 worker.join()
+        elif command[0] == "timed":  # (timed, first count, calls): this thread, each post timed
+            timings = []
+            _post_calls(shares[0], *command[1:], timings)
+            conn.send(timings)
+            continue
         else:
             return
         conn.send("done")
@@ -163,11 +178,18 @@ class Cluster:
         self.server.start()
         self.port = self._server.recv()
         self.posters = []
-        for _ in range(procs):
+        for threads_of_process in [1] + [threads] * procs:  # the first: rank 1 alone, timed
             mine, theirs = context.Pipe()
-            process = context.Process(target=_poster, args=(theirs, self.port, threads), daemon=True)
+            process = context.Process(target=_poster, args=(theirs, self.port, threads_of_process), daemon=True)
             process.start()
             self.posters.append((process, mine))
+        self.probe, self.posters = self.posters[0], self.posters[1:]
+
+    def timed(self, first, calls):
+        """Rank 1's posts of `calls` calls, from a process of its own (a rank's own heap), each timed."""
+        conn = self.probe[1]
+        conn.send(("timed", first, calls))
+        return conn.recv()
 
     def command(self, per_poster):
         for (_, conn), command in zip(self.posters, per_poster):
@@ -176,12 +198,12 @@ class Cluster:
             conn.recv()
 
     def close(self):
-        for process, conn in self.posters:
+        for process, conn in [self.probe, *self.posters]:
             conn.send(("stop",))
             process.join(10)
         self._server.send("stop")
         self.server.join(10)
-        for process in [self.server, *(p for p, _ in self.posters)]:
+        for process in [self.server, self.probe[0], *(p for p, _ in self.posters)]:
             if process.is_alive():
                 process.kill()
 
@@ -192,13 +214,13 @@ class Cluster:
 
 
 class _Timed:
-    """The inbox, with the time spent in its store calls added up (the main process's store share)."""
+    """The main process's store connection, with the time spent in its calls added up (its store share)."""
 
-    def __init__(self, inbox):
-        self._inbox, self.seconds = inbox, 0.0
+    def __init__(self, store):
+        self._store, self.seconds = store, 0.0
 
     def __getattr__(self, name):
-        method = getattr(self._inbox, name)
+        method = getattr(self._store, name)
 
         def timed(*args):
             start = time.perf_counter()
@@ -222,16 +244,29 @@ def _handler():
 
 
 def per_record():
-    """Microseconds one record costs the main process outside the store: decoding it, emitting it."""
+    """Microseconds one record costs the main process outside the store: decoding it, emitting it.
+
+    Decoding from the rank's key (`records.from_bytes`) and from a delta copy in the shared slot (what a
+    call's records usually are), the copy parsed with the others of its slot, as `transport` does.
+    """
     payload = records.to_bytes((SITE, 1), _record(1, 2))
+    copier, reader = copies.Copier(2, refresh=transport.SLOTS), copies.CopyReader()
+    reader.decode(2, json.loads(copier.line(0, *records.encode((SITE, 1), _record(1, 2)))))
+    delta = copier.line(1, *records.encode((SITE, 2), _record(2, 2)))
     record = records.from_bytes(payload)[1]
     sink = _handler()
+
+    def from_copies(slot=delta * 1000):
+        for rank, _, line in copies.copies_in(slot, 3):
+            reader.decode(rank, line)
+
     try:
-        decode = min(timeit.repeat(lambda: records.from_bytes(payload), number=2000, repeat=5)) / 2000
+        key = min(timeit.repeat(lambda: records.from_bytes(payload), number=2000, repeat=5)) / 2000
+        copy = min(timeit.repeat(from_copies, number=2, repeat=5)) / 2000
         emit = min(timeit.repeat(lambda: records.emit(record), number=2000, repeat=5)) / 2000
     finally:
         sink.close()
-    return {"decode_us": decode * 1e6, "emit_us": emit * 1e6}
+    return {"decode_us": key * 1e6, "decode_copy_us": copy * 1e6, "emit_us": emit * 1e6}
 
 
 def run(cluster, ranks, protocol, calls, rounds, tag):
@@ -240,12 +275,13 @@ def run(cluster, ranks, protocol, calls, rounds, tag):
     prefix = f"{tag}/{transport.PREFIX}"
     raw = _connect(cluster.port)
     keys_before = raw.num_keys()
-    main_store = _connect(cluster.port, prefix)
-    probe = outbox_type(_connect(cluster.port, prefix), 1)
+    main_store = _Timed(_connect(cluster.port, prefix))
     others = list(range(2, ranks))
     n = len(cluster.posters)
     cluster.command([("setup", prefix, protocol, others[i::n]) for i in range(n)])
-    inbox = _Timed(inbox_type(main_store, ranks))
+    cluster.probe[1].send(("setup", prefix, protocol, [1]))
+    cluster.probe[1].recv()
+    inbox = inbox_type(main_store, ranks)
     warnings = []
     collector = _collector.Collector(inbox, ranks, 60.0, warnings.append)
     sink = _handler()
@@ -254,16 +290,13 @@ def run(cluster, ranks, protocol, calls, rounds, tag):
         for round_ in range(rounds):
             first = round_ * calls + 1
             cluster.command([("post", first, calls)] * n)
-            for count in range(first, first + calls):  # rank 1: each post timed on its own
-                start = time.perf_counter()
-                probe.post(records.to_bytes((SITE, count), _record(count, 1)))
-                post_seconds.append(time.perf_counter() - start)
-            inbox.seconds = 0.0
+            post_seconds += cluster.timed(first, calls)
+            main_store.seconds = 0.0
             start = time.perf_counter()
             for count in range(first, first + calls):
                 collector.block((SITE, count), _record(count, 0))
             main_per_call.append((time.perf_counter() - start) / calls)
-            store_per_call.append(inbox.seconds / calls)
+            store_per_call.append(main_store.seconds / calls)
             keys_by_round.append(raw.num_keys() - keys_before)
     finally:
         sink.close()
@@ -380,8 +413,10 @@ def main(argv=None):
     print(results["method"] + "\n")
     print(table(results))
     print(
-        "\nOutside the store, each record costs the main process {decode_us:.1f} us to decode and {emit_us:.1f} us "
-        "to emit (best of 5 x 2,000, this run).".format(**results["per_record"])
+        "\nOutside the store, each record costs the main process {decode_copy_us:.1f} us to decode from a delta "
+        "copy ({decode_us:.1f} us from its key) and {emit_us:.1f} us to emit (best of 5 x 2,000, this run).".format(
+            **results["per_record"]
+        )
     )
     if args.json:
         with open(args.json, "w") as f:

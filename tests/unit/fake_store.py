@@ -4,7 +4,7 @@ For unit tests of pure logic only (the collector's routing, deadlines and batchi
 itself is proven on a real `TCPStore` by the job tests and the scale benchmark. Thread-safe: one
 lock, one condition; a blocking call waits on the condition with its timeout, never sleeps.
 
-`FakeStore` has the batched calls of torch 2.x (`multi_get`, `multi_set`); `UnbatchedFakeStore`
+`FakeStore` has the batched calls of torch 2.x (`multi_get`, `multi_set`, `append`); `UnbatchedFakeStore`
 lacks them, as the older releases accelerate supports do, so the fallback path runs too.
 """
 
@@ -92,6 +92,12 @@ class UnbatchedFakeStore:
 
 
 class FakeStore(UnbatchedFakeStore):
+    def append(self, key, value):
+        with self._changed:
+            self._log("append")
+            self.data[key] = self.data.get(key, b"") + (value if isinstance(value, bytes) else str(value).encode())
+            self._changed.notify_all()
+
     def multi_get(self, keys):
         with self._changed:
             self._log("multi_get", len(keys))

@@ -262,15 +262,26 @@ def _valid():
     return records.to_bytes(IDENTITY, _record())
 
 
+PLACES = {"v": 0, "call": 1, "count": 2, "record": 3}  # a payload is a JSON list: these, by position
+
+
 def _document(**changes):
     document = json.loads(_valid())
-    document.update(changes)
+    for name, value in changes.items():
+        document[PLACES[name]] = value
     return json.dumps(document).encode()
 
 
 def _with_record(**changes):
+    """A valid payload with record attributes changed: a standard one in its place, any other in the extras."""
     document = json.loads(_valid())
-    document["record"].update(changes)
+    values = document[3]
+    order = (*records.FIELDS, "args", "exc_info")
+    for name, value in changes.items():
+        if name in order:
+            values[order.index(name)] = value
+        else:
+            values[-1][name] = value
     return json.dumps(document).encode()
 
 
@@ -278,26 +289,31 @@ FOREIGN = {
     "empty": b"",
     "garbage": b"\x00\xffnot a record\xfe",
     "latin-1": "{'é'}".encode("latin-1"),
-    "utf-16 json": json.dumps({"v": 1}).encode("utf-16"),
+    "utf-16 json": json.dumps([records.VERSION]).encode("utf-16"),
     "ascii pickle (protocol 0)": pickle.dumps((IDENTITY, {"msg": "hi"}), protocol=0),
     "pickle of a record's data": pickle.dumps((IDENTITY, {"msg": "hi", "name": "x", "levelno": 20}), protocol=4),
     "json null": b"null",
     "json list": b"[1, 2]",
     "json string": b'"record"',
     "no version": _document(v=None),
-    "other version": _document(v=2),
+    "other version": _document(v=1),
+    "version 1 (an object)": json.dumps({"v": 1, "call": [["f", "g", 1], 1], "record": None}).encode(),
     "bool version": _document(v=True),
     "call missing": _document(call=None),
-    "call of wrong shape": _document(call=[["f", "g"], 1]),
-    "call with a float line": _document(call=[["f", "g", 1.5], 1]),
-    "record not an object": _document(record=[1]),
+    "call of wrong shape": _document(call=["f", "g"]),
+    "call with a float line": _document(call=["f", "g", 1.5]),
+    "count not an int": _document(count="3"),
+    "record not a list": _document(record={"msg": "hi"}),
+    "record of the wrong length": _document(record=[1]),
     "name not text": _with_record(name=1),
     "levelno not an int": _with_record(levelno="40"),
     "levelno a bool": _with_record(levelno=True),
     "msg missing": _with_record(msg=None),
     "exc_text not text": _with_record(exc_text=["x"]),
+    "args sent": _with_record(args=["x"]),
+    "exc_info sent": _with_record(exc_info=[1]),
     "deeply nested": b"[" * 200_000 + b"]" * 200_000,
-    "huge int literal": b'{"v": ' + b"9" * 10_000 + b"}",
+    "huge int literal": b"[" + b"9" * 10_000 + b"]",
     "not bytes": "{}",
 }
 

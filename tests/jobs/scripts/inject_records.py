@@ -76,15 +76,16 @@ def _inject_into_posts(rank, size):
     real_post = transport.Outbox.post
     state = {"call": 0}
 
-    def post(self, payload):
+    def post(self, payload, document=None):
         kind = plan.get(state["call"])
         if kind == "pickle":
             payload = pickle_payload(os.environ["AIF_PWNED"])
         elif kind == "truncated":
             payload = payload[: len(payload) // 2]
-        if kind:
+        if kind:  # the copy in the shared slot is made of the same foreign bytes
             _say(f"@@INJECTED {kind} r{rank} call={state['call']} bytes={len(payload)}")
-        return real_post(self, payload)
+            return real_post(self, payload)
+        return real_post(self, payload, document)
 
     transport.Outbox.post = post
     return state

@@ -1,0 +1,105 @@
+"""Copies of the records in slots every rank shares: a whole call's records in one read.
+
+A rank's n-th record lives in the rank's own key (`transport`); the rank also appends a *copy* of it,
+one line, to slot `n % SLOTS`, which every rank writes to. For a call, the main process reads one slot
+instead of 1,024 keys. The key stays the record: whatever is wrong with a copy (damaged, foreign,
+missing, read too early) costs only the copy, and the main process reads that rank's key instead.
+
+Decoding is the main process's largest cost at 1,024 ranks, and most of a record never changes from
+one call to the next at a call site (logger, level, file, line, function, process, thread). So a
+copy is either *full*, `[rank, n, payload]`, or a *delta*, `[rank, n, base, count, msg, created,
+msecs, relativeCreated]`: what differs from the rank's full copy at place `base`, which it sends again
+whenever anything else changes, and at least every `refresh` records. A delta whose base the main
+process did not decode from a full copy is not used: the record comes from the rank's key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+from typing import Any, Optional
+
+from . import records
+
+
+_DYNAMIC = [records.FIELDS.index(name) for name in ("msg", "created", "msecs", "relativeCreated")]
+_dynamic = operator.itemgetter(*_DYNAMIC)
+# Everything else in a record's values (the other fields, args, exc_info and the other attributes).
+_static = operator.itemgetter(*(i for i in range(len(records.FIELDS) + 3) if i not in _DYNAMIC))
+_NEW_RECORD = logging.LogRecord.__new__
+
+
+class Copier:
+    """A rank's side: the line to append for its n-th record, full or delta."""
+
+    def __init__(self, rank: int, refresh: int):
+        self.rank, self.refresh = rank, refresh
+        self.base: Optional[tuple[int, tuple]] = None  # (n, static part) of this rank's last full copy
+
+    def line(self, n: int, payload: bytes, document: Optional[list] = None) -> bytes:
+        """The copy of `payload` (the record's own bytes; `document`, their data, allows a delta)."""
+        if document is not None and document[3] is not None:
+            static = (document[1], _static(document[3]))  # the call site, and what does not change
+            if self.base is not None and n - self.base[0] < self.refresh and static == self.base[1]:
+                delta = [self.rank, n, self.base[0], document[2], *_dynamic(document[3])]
+                return records.dumps(delta) + b"\n"
+            self.base = (n, static)
+        # JSON text from `records` holds no raw newline: a line is a copy.
+        return b"[%d,%d,%s]\n" % (self.rank, n, payload)
+
+
+def read_lines(blob: bytes) -> list:
+    """The lines of a slot, each parsed as JSON (a line that is not JSON is skipped); not yet checked."""
+    try:  # one parse for the whole slot: the common case, and much cheaper than one per line
+        return json.loads(b"[" + blob.rstrip(b"\n").replace(b"\n", b",") + b"]")
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        lines = []
+        for text in blob.split(b"\n"):
+            try:
+                lines.append(json.loads(text))
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                continue
+        return lines
+
+
+def copies_in(blob: bytes, world_size: int):
+    """Each line of a slot that is a copy of a rank's record, as `(rank, n, line)`; anything else is dropped."""
+    for line in read_lines(blob):
+        if type(line) is list and len(line) in (3, 8):
+            rank, n = line[0], line[1]
+            if type(rank) is int and type(n) is int and 0 < rank < world_size:
+                yield rank, n, line
+
+
+class CopyReader:
+    """The main process's side: a record from its copy, or None when the copy cannot give it."""
+
+    def __init__(self) -> None:
+        # rank -> (n, site, attributes) of its last full copy: the base of its deltas
+        self.bases: dict[int, tuple[int, tuple, dict[str, Any]]] = {}
+
+    def decode(self, rank: int, line: list) -> Any:
+        """`(identity, record)` from the copy `line` of `rank`'s record, or None (read its key instead)."""
+        if len(line) == 3:
+            try:
+                identity, record = records.from_document(line[2])
+            except records.MalformedRecord:
+                return None
+            if record is not None:  # before any handler has touched it
+                self.bases[rank] = (line[1], identity[0], record.__dict__.copy())
+            return identity, record
+        _, _, base_n, count, msg, created, msecs, relative = line
+        base = self.bases.get(rank)
+        if base is None or base[0] != base_n or type(count) is not int or type(msg) is not str:
+            return None
+        record = _NEW_RECORD(logging.LogRecord)
+        attributes = record.__dict__
+        attributes.update(base[2])
+        attributes["msg"], attributes["created"], attributes["msecs"], attributes["relativeCreated"] = (
+            msg,
+            created,
+            msecs,
+            relative,
+        )
+        return (base[1], count), record

@@ -1,0 +1,106 @@
+"""Copies in the shared slots (issue 11): a whole call's records in one read, never the only copy.
+
+Pure logic, in-process: a delta copy gives exactly the record the rank's own key holds; a copy that
+cannot give it (damaged, foreign, its base not read) is not used, so the record comes from the key;
+and a rank's clean-up runs off its posts.
+"""
+
+import json
+import logging
+import threading
+import time
+
+from fake_store import FakeStore
+
+from accelerate_inorder_fix.gather import copies, records, transport
+
+
+SITE = ("train.py", "step", 7)
+
+
+def _record(count, rank, **attributes):
+    record = logging.LogRecord(
+        "aif.unit.copies", logging.INFO, "/job/train.py", 7, f"step {count} r{rank}", None, None
+    )
+    record.__dict__.update(attributes)
+    return record
+
+
+def _line(copier, n, record, count=None):
+    payload, document = records.encode((SITE, n + 1 if count is None else count), record)
+    return payload, json.loads(copier.line(n, payload, document))
+
+
+def test_a_rank_sends_a_full_copy_then_deltas_until_something_else_changes():
+    copier = copies.Copier(1, refresh=16)
+    sizes = [len(_line(copier, n, _record(n, 1, epoch=0 if n < 3 else 1))[1]) for n in range(5)]
+    assert sizes == [3, 8, 8, 3, 8]  # full, deltas, full (an attribute changed), delta
+
+
+def test_a_rank_sends_a_full_copy_again_every_refresh_records():
+    copier = copies.Copier(1, refresh=3)
+    assert [len(_line(copier, n, _record(n, 1))[1]) for n in range(7)] == [3, 8, 8, 3, 8, 8, 3]
+
+
+def test_a_record_not_sent_has_a_full_copy_and_does_not_change_the_base():
+    copier = copies.Copier(1, refresh=16)
+    _line(copier, 0, _record(0, 1))
+    assert len(_line(copier, 1, None)[1]) == 3
+    assert _line(copier, 2, _record(2, 1))[1][2] == 0  # a delta against place 0
+
+
+def test_a_delta_gives_exactly_the_record_the_rank_key_holds():
+    copier, reader = copies.Copier(1, refresh=16), copies.CopyReader()
+    for n in range(4):
+        payload, line = _line(copier, n, _record(n, 1, step=[1, {"a": "b"}]))
+        identity, record = reader.decode(1, line)
+        key_identity, key_record = records.from_bytes(payload)
+        assert (identity, record.__dict__) == (key_identity, key_record.__dict__)
+        assert record.getMessage() == f"step {n} r1" and len(line) == (3 if n == 0 else 8)
+
+
+def test_a_delta_whose_base_was_not_read_is_not_used():
+    copier, reader = copies.Copier(1, refresh=16), copies.CopyReader()
+    _line(copier, 0, _record(0, 1))  # the full copy: never read by the main process
+    assert reader.decode(1, _line(copier, 1, _record(1, 1))[1]) is None
+    other = copies.Copier(1, refresh=16)
+    reader.decode(1, _line(other, 5, _record(5, 1))[1])  # a full copy at another place
+    assert reader.decode(1, _line(copier, 2, _record(2, 1))[1]) is None  # its base is place 0, not 5
+
+
+def test_a_copy_of_the_wrong_shape_or_types_is_not_used():
+    copier, reader = copies.Copier(1, refresh=16), copies.CopyReader()
+    reader.decode(1, _line(copier, 0, _record(0, 1))[1])
+    delta = _line(copier, 1, _record(1, 1))[1]
+    assert reader.decode(1, delta) is not None
+    for place, value in ((3, "2"), (4, 42)):  # the count not an int; the message not text
+        assert reader.decode(1, delta[:place] + [value] + delta[place + 1 :]) is None
+    assert reader.decode(1, [1, 0, b"not json".decode()]) is None
+
+
+def test_lines_of_a_slot_that_are_not_copies_are_dropped():
+    good = copies.Copier(2, refresh=16).line(0, *records.encode((SITE, 1), _record(1, 2)))
+    blob = b"garbage\n[1,0]\n[0,0,[2]]\n[9,0,null]\n[true,0,null]\n" + good + b'{"v": 1}\n'
+    assert [(rank, n) for rank, n, _ in copies.copies_in(blob, 4)] == [(2, 0)]
+    assert [(rank, n) for rank, n, _ in copies.copies_in(good + good, 4)] == [(2, 0), (2, 0)]
+
+
+def test_a_rank_cleans_up_off_its_post():
+    store = FakeStore()
+    outbox = transport.Outbox(store, 1, clean_every=2)  # background clean-up, as in a job
+    inbox = transport.Inbox(store, 2, publish_every=1)
+    for n in range(2):
+        outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
+    inbox.take_many([1])
+    inbox.take_many([1])
+    inbox.publish()
+    held, real_delete = threading.Event(), store.delete_key
+    store.delete_key = lambda key: held.wait(10) and real_delete(key)
+    for n in range(2, 4):  # the second of these asks for the clean-up, whose deletes are held
+        assert outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
+    assert transport.key(1, 0) in store.data  # the post returned before its clean-up ran
+    held.set()
+    start = time.monotonic()
+    assert outbox.cleaner.idle(10) and time.monotonic() - start < 10
+    assert transport.key(1, 0) not in store.data and transport.key(1, 1) not in store.data
+    assert transport.key(1, 2) in store.data and transport.key(1, 3) in store.data
