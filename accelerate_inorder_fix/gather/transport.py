@@ -36,6 +36,7 @@ import datetime
 import struct
 import threading
 
+from .._diagnostics import warn_once
 from . import copies, records
 
 
@@ -125,8 +126,10 @@ class Cleaner:
                 sent = self._wanted
             try:
                 self._outbox.clean(sent)
-            except (RuntimeError, OSError):  # nothing lost: what was not deleted goes at the next request
+            except (RuntimeError, OSError):  # the store is busy or gone: what was not deleted goes next time
                 pass
+            except Exception as exc:  # not expected; the thread must outlive it, or the store would grow
+                warn_once(("gather-clean", type(exc)), f"a rank's store clean-up failed, retried later: {exc!r}")
             with self._changed:
                 self._done = sent
                 self._changed.notify_all()

@@ -99,6 +99,7 @@ GATHER_CASES = [
     "threads",
     "slow_rank",
     "never_reached",
+    "forked",
     "main_first",
 ]
 
@@ -156,6 +157,11 @@ def test_gather_mode_emits_every_record_exactly_once_under_faults(version):
     expect(found, "never_reached", 1, [1, 2, 3])
     expect(found, "never_reached", 2, ALL)
     assert sum("the main process never made were emitted at exit" in line for line in lines) == 1
+    # A forked child's in_order record: printed by the child, never sent through its parent's connection.
+    expect(found, "forked", 1, ALL, by=None)
+    expect(found, "forked", 2, ALL)
+    assert set(results(lines, "forked", "exitcode").values()) == {0.0}
+    assert len(warnings(job.stderr, r"a forked process prints its own in_order records")) == NPROC
     # The main process finished first: its block went out, the others print their later calls themselves.
     expect(found, "main_first", 1, ALL)
     expect(found, "main_first", 2, [1, 2, 3], by=None)

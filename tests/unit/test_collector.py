@@ -111,22 +111,19 @@ class StoreWithoutAppend(FakeStore):
     append = None  # as torch releases before `Store.append`
 
 
-def test_store_without_append_gives_the_same_blocks_from_the_keys():
-    job = Job(4, store=StoreWithoutAppend())
+@pytest.mark.parametrize(
+    "store_type, reads",
+    [(StoreWithoutAppend, [("multi_get", 3)]), (UnbatchedFakeStore, [("get", 1)] * 3)],
+    ids=["without append", "without append or multi_get"],
+)
+def test_older_stores_give_the_same_blocks_from_the_keys(store_type, reads):
+    job = Job(4, store=store_type())
     for rank in (2, 3, 1):
         job.post(rank, SITE, 1)
     job.call(1)
     assert job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(4)]
-    assert ("multi_get", 3) in job.store.calls and not any(k.startswith("slot/") for k in job.store.data)
-
-
-def test_store_without_multi_get_gives_the_same_blocks():
-    job = Job(4, store=UnbatchedFakeStore())
-    for rank in (2, 3, 1):
-        job.post(rank, SITE, 1)
-    job.call(1)
-    assert job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(4)]
-    assert [c for c in job.store.calls if c[0] == "get"] == [("get", 1)] * 3
+    assert [c for c in job.store.calls if c[0] in ("get", "multi_get")] == reads
+    assert not any(k.startswith("slot/") for k in job.store.data)
 
 
 def test_rank_dropped_record_is_a_marker_not_a_wait():

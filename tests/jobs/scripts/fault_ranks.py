@@ -203,6 +203,23 @@ def killed(r):
     return "stop"
 
 
+def forked(r):
+    """Each rank forks a child (as a DataLoader worker does) that logs in_order: the child prints it itself.
+
+    The child has a copy of its parent's store connection; writing to it would corrupt the parent's.
+    """
+    import multiprocessing
+
+    def work():
+        r.log.info(f"forked#1 r{r.index}", in_order=True)
+
+    child = multiprocessing.get_context("fork").Process(target=work)
+    child.start()
+    child.join(30)
+    r.result("forked", "exitcode", child.exitcode)
+    r.log.info(f"forked#2 r{r.index}", in_order=True)
+
+
 def main_first(r):
     """The main process finishes first; the others' later in_order calls are printed by each of them."""
     pids = r.pids()
@@ -231,6 +248,7 @@ CASES = {
         slow_rank,
         never_reached,
         killed,
+        forked,
         main_first,
     )
 }
