@@ -26,6 +26,7 @@ import logging
 import time
 
 from .._diagnostics import warn_once
+from . import copies as _copies
 from . import records as _records
 
 
@@ -72,7 +73,7 @@ class Collector:
 
     def _take_copied(self, ranks, current, block):
         """Take, without waiting, the next record of each rank in `ranks` already copied to its slot."""
-        taken = self.inbox.take_copied(ranks)
+        taken = self.inbox.take_copied(ranks, current)
         self._route_all(taken, current, block)
         return bool(taken)
 
@@ -145,10 +146,10 @@ class Collector:
     def _emit_block(self, block):
         loggers = {}  # one lookup per logger name, not per record: a block may hold 1,024 records
         for rank in sorted(block):
-            record = block[rank]
-            if record is None:
+            if block[rank] is None:
                 continue
             try:
+                record = _copies.build(block[rank])
                 logger = loggers.get(record.name) or loggers.setdefault(record.name, _records.logger_for(record))
                 logger.callHandlers(record)
             except Exception as exc:

@@ -79,8 +79,14 @@ class CopyReader:
         # rank -> (n, site, attributes) of its last full copy: the base of its deltas
         self.bases: dict[int, tuple[int, tuple, dict[str, Any]]] = {}
 
-    def decode(self, rank: int, line: list) -> Any:
-        """`(identity, record)` from the copy `line` of `rank`'s record, or None (read its key instead)."""
+    def decode(self, rank: int, line: list, current: Optional[tuple] = None) -> Any:
+        """`(identity, record)` from the copy `line` of `rank`'s record, or None (read its key instead).
+
+        The record of a delta copy of the call `current` is deferred: it is `line` itself, made ready
+        for `build`, which makes the record when it is emitted. Records made as they are taken would
+        all be alive together until their block goes out (1,024 LogRecords): Python's collector would
+        then move them to its oldest generation, whose collections scan the whole heap.
+        """
         if len(line) == 3:
             try:
                 identity, record = records.from_document(line[2])
@@ -89,17 +95,28 @@ class CopyReader:
             if record is not None:  # before any handler has touched it
                 self.bases[rank] = (line[1], identity[0], record.__dict__.copy())
             return identity, record
-        _, _, base_n, count, msg, created, msecs, relative = line
+        count, msg = line[3], line[4]
         base = self.bases.get(rank)
-        if base is None or base[0] != base_n or type(count) is not int or type(msg) is not str:
+        if base is None or base[0] != line[2] or type(count) is not int or type(msg) is not str:
             return None
-        record = _NEW_RECORD(logging.LogRecord)
-        attributes = record.__dict__
-        attributes.update(base[2])
-        attributes["msg"], attributes["created"], attributes["msecs"], attributes["relativeCreated"] = (
-            msg,
-            created,
-            msecs,
-            relative,
-        )
-        return (base[1], count), record
+        line[2] = base  # the line carries its own base from now on
+        if current is not None and count == current[1] and base[1] == current[0]:
+            return current, line
+        return (base[1], count), build(line)
+
+
+def build(entry: Any) -> Any:
+    """The record of a block's entry: the entry itself, or the record of a deferred delta copy."""
+    if type(entry) is not list:
+        return entry
+    _, _, base, _, msg, created, msecs, relative = entry
+    record = _NEW_RECORD(logging.LogRecord)
+    attributes = record.__dict__
+    attributes.update(base[2])
+    attributes["msg"], attributes["created"], attributes["msecs"], attributes["relativeCreated"] = (
+        msg,
+        created,
+        msecs,
+        relative,
+    )
+    return record

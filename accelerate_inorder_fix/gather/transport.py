@@ -238,29 +238,30 @@ class Inbox:
             self.cursor[rank] += 1
         return items
 
-    def take_copied(self, ranks):
+    def take_copied(self, ranks, current=None):
         """`(rank, record)` for each rank in `ranks` whose next record's copy is in its slot: no waiting.
 
         A copy is appended before the rank writes its key, so the key will hold the same record: taking
         the copy takes the record. (If the rank's store connection fails between the two, the rank may
-        print the record too: the one case where a record can come out twice.)
+        print the record too: the one case where a record can come out twice.) Records of the call
+        `current` may come deferred (`copies.build` makes them).
         """
         if not self.slotted:
             return []
-        cursor, decode, taken = self.cursor, self.reader.decode, []
+        cursor, decode, taken, wanted = self.cursor, self.reader.decode, [], set(ranks)
 
         def take(rank, line):
-            item = decode(rank, line)  # None: a copy that cannot give the record; its key will
+            item = decode(rank, line, current)  # None: a copy that cannot give the record; its key will
             if item is not None:
                 taken.append((rank, item))
                 cursor[rank] += 1
+                wanted.discard(rank)  # one record per rank: a deferred one's base stays its base
 
         for rank in ranks:
             line = self.copies.pop((rank, cursor[rank]), None) if self.copies else None
             if line is not None:
                 take(rank, line)
-        wanted = set(ranks)
-        for rank, n, line in self._read_slots(ranks):
+        for rank, n, line in self._read_slots(wanted):
             if n == cursor[rank] and rank in wanted:
                 take(rank, line)
             else:

@@ -93,7 +93,7 @@ class LegacyInbox:
     def take_many(self, ranks):
         return [self.take(rank) for rank in ranks]  # exactly the old loop: one rank after another
 
-    def take_copied(self, ranks):
+    def take_copied(self, ranks, current=None):
         return []  # no shared slots then
 
     def settle(self):
@@ -137,6 +137,15 @@ def _post_calls(outboxes, first, calls, timings=None):
                 timings.append(time.perf_counter() - start)
 
 
+def _settle(shares):
+    """Until these ranks' clean-ups have run: in a real job they run on the ranks' own CPUs, not the main's."""
+    for share in shares:
+        for _, outbox in share:
+            cleaner = getattr(outbox, "cleaner", None)
+            if cleaner is not None and not cleaner.idle(60):
+                raise RuntimeError(f"rank {outbox.rank}'s clean-up did not finish within 60 s")
+
+
 def _poster(conn, port, threads):
     """A process of simulated ranks: `threads` connections, each posting for its share of the ranks."""
     connections = [_connect(port) for _ in range(threads)]
@@ -158,9 +167,11 @@ def _poster(conn, port, threads):
                 worker.start()
             for worker in workers:
                 worker.join()
+            _settle(shares)
         elif command[0] == "timed":  # (timed, first count, calls): this thread, each post timed
             timings = []
             _post_calls(shares[0], *command[1:], timings)
+            _settle(shares)
             conn.send(timings)
             continue
         else:

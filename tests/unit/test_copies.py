@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 
+import pytest
 from fake_store import FakeStore
 
 from accelerate_inorder_fix.gather import copies, records, transport
@@ -104,3 +105,23 @@ def test_a_rank_cleans_up_off_its_post():
     assert outbox.cleaner.idle(10) and time.monotonic() - start < 10
     assert transport.key(1, 0) not in store.data and transport.key(1, 1) not in store.data
     assert transport.key(1, 2) in store.data and transport.key(1, 3) in store.data
+
+
+def test_a_block_of_delta_copies_comes_out_whole_and_in_rank_order():
+    from accelerate_inorder_fix.gather import collector as _collector
+
+    store, seen = FakeStore(), []
+    outboxes = {rank: transport.Outbox(store, rank, background=False) for rank in (1, 2, 3)}
+    collector = _collector.Collector(transport.Inbox(store, 4), 4, 1.0, pytest.fail)
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append((record.getMessage(), record.funcName, record.lineno))
+    logger = logging.getLogger("aif.unit.copies")
+    logger.handlers[:], logger.propagate = [handler], False
+    for count in range(1, 5):
+        for rank in (3, 1, 2):
+            outboxes[rank].post(*records.encode((SITE, count), _record(count, rank)))
+        lines = [json.loads(line) for line in store.data[transport.slot_key(count - 1)].splitlines()]
+        assert [len(line) for line in lines] == [3 if count == 1 else 8] * 3  # deltas from the second call
+        collector.block((SITE, count), _record(count, 0))
+        assert seen == [(f"step {count} r{rank}", None, 7) for rank in range(4)]
+        seen.clear()
