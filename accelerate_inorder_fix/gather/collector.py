@@ -73,9 +73,10 @@ class Collector:
 
     def _take_copied(self, ranks, current, block):
         """Take, without waiting, the next record of each rank in `ranks` already copied to its slot."""
-        taken = self.inbox.take_copied(ranks, current)
-        self._route_all(taken, current, block)
-        return bool(taken)
+        before = len(block)
+        others = self.inbox.take_copied(ranks, current, block)
+        self._route_all(others, current, block)
+        return bool(others) or len(block) > before
 
     def _route_all(self, taken, current, block):
         failure = None

@@ -82,6 +82,8 @@ class CopyReader:
     def decode(self, rank: int, line: list, current: Optional[tuple] = None) -> Any:
         """`(identity, record)` from the copy `line` of `rank`'s record, or None (read its key instead).
 
+        The identity of a record of the call `current` is `current` itself (the same object).
+
         The record of a delta copy of the call `current` is deferred: it is `line` itself, made ready
         for `build`, which makes the record when it is emitted. Records made as they are taken would
         all be alive together until their block goes out (1,024 LogRecords): Python's collector would
@@ -94,7 +96,7 @@ class CopyReader:
                 return None
             if record is not None:  # before any handler has touched it
                 self.bases[rank] = (line[1], identity[0], record.__dict__.copy())
-            return identity, record
+            return (current if identity == current else identity), record
         count, msg = line[3], line[4]
         base = self.bases.get(rank)
         if base is None or base[0] != line[2] or type(count) is not int or type(msg) is not str:

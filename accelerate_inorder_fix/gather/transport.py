@@ -238,22 +238,27 @@ class Inbox:
             self.cursor[rank] += 1
         return items
 
-    def take_copied(self, ranks, current=None):
-        """`(rank, record)` for each rank in `ranks` whose next record's copy is in its slot: no waiting.
+    def take_copied(self, ranks, current=None, into=None):
+        """The next record of each rank in `ranks` whose copy is in its slot already: no waiting.
 
+        Records of the call `current` go into `into` (`{rank: record}`; a delta copy's record deferred,
+        made by `copies.build`); the others come back as `(rank, (identity, record))`, in order.
         A copy is appended before the rank writes its key, so the key will hold the same record: taking
         the copy takes the record. (If the rank's store connection fails between the two, the rank may
-        print the record too: the one case where a record can come out twice.) Records of the call
-        `current` may come deferred (`copies.build` makes them).
+        print the record too: the one case where a record can come out twice.)
         """
         if not self.slotted:
             return []
-        cursor, decode, taken, wanted = self.cursor, self.reader.decode, [], set(ranks)
+        cursor, decode, others, wanted = self.cursor, self.reader.decode, [], set(ranks)
+        into = {} if into is None else into
 
         def take(rank, line):
             item = decode(rank, line, current)  # None: a copy that cannot give the record; its key will
             if item is not None:
-                taken.append((rank, item))
+                if item[0] is current:
+                    into[rank] = item[1]
+                else:
+                    others.append((rank, item))
                 cursor[rank] += 1
                 wanted.discard(rank)  # one record per rank: a deferred one's base stays its base
 
@@ -266,7 +271,7 @@ class Inbox:
                 take(rank, line)
             else:
                 self._keep(rank, n, line)
-        return taken
+        return others
 
     def _from_copy(self, rank):
         line = self.copies.pop((rank, self.cursor[rank]), None)

@@ -15,8 +15,10 @@ client connections of a real `TCPStore`:
   `main_ms_per_call` spent inside calls on its store connection.
 
 Each round, every rank posts `--calls` calls' records; then the main process makes those calls, timed
-(`main_ms_per_call`: median over `--rounds` rounds, per call; every record is already posted, so
-the figure is the main process's own work, not waiting for ranks). `store_keys_after` is how many
+(`main_ms_per_call`: median over `--rounds` rounds, after one warm-up round, per call; every record
+is already posted, so the figure is the main process's own work, not waiting for ranks; the median
+keeps a round that a collection of Python's oldest generation, or the shared machine, slowed down
+from deciding the figure). `store_keys_after` is how many
 keys the run left in the store after the last round (`store_keys_by_round`: after each round; it must
 not grow with the rounds). The old protocol (one wait, get and delete per rank, `LegacyInbox` below)
 runs side by side, on the same server and processes, one run after the other.
@@ -45,6 +47,7 @@ from ..gather import copies, records, transport
 
 
 SITE = ("bench_scale.py", "train_step", 42)
+WARMUP = 1  # rounds run before the measured ones at each size (first loggers, first full copies)
 LOGGER = "aif.bench.scale"
 
 
@@ -93,7 +96,7 @@ class LegacyInbox:
     def take_many(self, ranks):
         return [self.take(rank) for rank in ranks]  # exactly the old loop: one rank after another
 
-    def take_copied(self, ranks, current=None):
+    def take_copied(self, ranks, current=None, into=None):
         return []  # no shared slots then
 
     def settle(self):
@@ -298,16 +301,18 @@ def run(cluster, ranks, protocol, calls, rounds, tag):
     sink = _handler()
     main_per_call, store_per_call, post_seconds, keys_by_round = [], [], [], []
     try:
-        for round_ in range(rounds):
+        for round_ in range(WARMUP + rounds):
             first = round_ * calls + 1
             cluster.command([("post", first, calls)] * n)
-            post_seconds += cluster.timed(first, calls)
+            timings = cluster.timed(first, calls)
             main_store.seconds = 0.0
             start = time.perf_counter()
             for count in range(first, first + calls):
                 collector.block((SITE, count), _record(count, 0))
-            main_per_call.append((time.perf_counter() - start) / calls)
-            store_per_call.append(main_store.seconds / calls)
+            if round_ >= WARMUP:
+                main_per_call.append((time.perf_counter() - start) / calls)
+                store_per_call.append(main_store.seconds / calls)
+                post_seconds += timings
             keys_by_round.append(raw.num_keys() - keys_before)
     finally:
         sink.close()
@@ -357,7 +362,7 @@ def _parser():
     parser = argparse.ArgumentParser(prog="accelerate-inorder-fix bench scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="8,64,256,1024", help="world sizes, comma-separated")
     parser.add_argument("--calls", type=int, default=8, help="in_order calls per round (default 8)")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per run (default 5)")
+    parser.add_argument("--rounds", type=int, default=9, help="measured rounds per run (default 9)")
     parser.add_argument("--procs", type=int, default=4, help="poster processes (default 4)")
     parser.add_argument("--threads", type=int, default=16, help="store connections per poster process (default 16)")
     parser.add_argument("--no-old", action="store_true", help="skip the old protocol")
@@ -418,7 +423,7 @@ def main(argv=None):
     results["method"] = (
         f"{time.strftime('%Y-%m-%d')}, {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"torch {__import__('torch').__version__}; TCPStore server in its own process on 127.0.0.1; ranks 2..N-1 "
-        f"from {args.procs} processes x {args.threads} connections; {args.calls} calls x {args.rounds} rounds; "
+        f"from {args.procs} processes x {args.threads} connections; {args.calls} calls x {args.rounds} rounds after {WARMUP} warm-up; "
         "main: median per call, records emitted to os.devnull; rank: mean per post"
     )
     print(results["method"] + "\n")
