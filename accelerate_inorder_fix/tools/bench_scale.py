@@ -322,6 +322,7 @@ def run(cluster, ranks, protocol, calls, rounds, tag):
         "ranks": ranks,
         "protocol": protocol,
         "main_ms_per_call": statistics.median(main_per_call) * 1e3,
+        "main_ms_by_round": [round(seconds * 1e3, 3) for seconds in main_per_call],
         "main_store_ms_per_call": statistics.median(store_per_call) * 1e3,
         "rank_us_per_call": statistics.mean(post_seconds) * 1e6,
         "store_keys_after": keys_by_round[-1],
