@@ -73,10 +73,7 @@ class Collector:
 
     def _take_copied(self, ranks, current, block):
         """Take, without waiting, the next record of each rank in `ranks` already copied to its slot."""
-        before = len(block)
-        others = self.inbox.take_copied(ranks, current, block)
-        self._route_all(others, current, block)
-        return bool(others) or len(block) > before
+        self._route_all(self.inbox.take_copied(ranks, current, block), current, block)
 
     def _route_all(self, taken, current, block):
         failure = None
@@ -90,11 +87,14 @@ class Collector:
 
     def _collect(self, identity, block):
         deadline = time.monotonic() + self.timeout
+        first = True
         while True:
             waitable = [r for r in range(self.world_size) if r not in block and r not in self.absent]
             if not waitable:
                 break
-            if self._take_copied(waitable, identity, block):  # what is there already: no wait
+            if first:  # what is in the slot already, without waiting; then wait for the others
+                first = False
+                self._take_copied(waitable, identity, block)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self.inbox.wait(waitable, remaining):
