@@ -63,13 +63,17 @@ def read_lines(blob: bytes) -> list:
         return lines
 
 
-def copies_in(blob: bytes, world_size: int):
-    """Each line of a slot that is a copy of a rank's record, as `(rank, n, line)`; anything else is dropped."""
-    for line in read_lines(blob):
-        if type(line) is list and len(line) in (3, 8):
-            rank, n = line[0], line[1]
-            if type(rank) is int and type(n) is int and 0 < rank < world_size:
-                yield rank, n, line
+def copies_in(blob: bytes, world_size: int) -> list:
+    """The lines of a slot that are copies of a rank's record (`[rank, n, ...]`); anything else is dropped."""
+    return [
+        line
+        for line in read_lines(blob)
+        if type(line) is list
+        and len(line) in (3, 8)
+        and type(line[0]) is int
+        and type(line[1]) is int
+        and 0 < line[0] < world_size
+    ]
 
 
 class CopyReader:
@@ -113,12 +117,12 @@ def build(entry: Any) -> Any:
         return entry
     _, _, base, _, msg, created, msecs, relative = entry
     record = _NEW_RECORD(logging.LogRecord)
-    attributes = record.__dict__
-    attributes.update(base[2])
+    attributes = base[2].copy()  # a copy of a dict of the same shape: cheaper than filling an empty one
     attributes["msg"], attributes["created"], attributes["msecs"], attributes["relativeCreated"] = (
         msg,
         created,
         msecs,
         relative,
     )
+    record.__dict__ = attributes
     return record

@@ -234,10 +234,10 @@ def _record(values: Any) -> logging.LogRecord:
             raise MalformedRecord(f"its record's {key!r} is not a {kinds[0].__name__}")
     extras = values[-1]
     record = _NEW_RECORD(logging.LogRecord)
-    attributes = record.__dict__
-    attributes.update(zip(_ATTRIBUTES, values))  # FIELDS, then args and exc_info: None
+    attributes = dict(zip(_ATTRIBUTES, values))  # FIELDS, then args and exc_info: None
     if extras:
         attributes.update((key, value) for key, value in extras.items() if key not in _NOT_EXTRA)
+    record.__dict__ = attributes
     return record
 
 

@@ -225,8 +225,8 @@ class Inbox:
         deletes it, so no slot outgrows one round of records). A record whose copy cannot give it
         (a store without `append`, a slot already read, a damaged copy) comes from its own key.
         """
-        for rank, n, line in self._read_slots(ranks):
-            self._keep(rank, n, line)
+        for line in self._read_slots(ranks):
+            self._keep(line[0], line)
         items = [self._from_copy(rank) for rank in ranks]
         missing = [i for i, item in enumerate(items) if item is None]
         if missing:
@@ -251,8 +251,12 @@ class Inbox:
             return []
         cursor, decode, others, wanted = self.cursor, self.reader.decode, [], set(ranks)
         into = {} if into is None else into
-
-        def take(rank, line):
+        kept = [self.copies.pop((rank, cursor[rank]), None) for rank in ranks] if self.copies else []
+        for line in [line for line in kept if line is not None] + self._read_slots(wanted):
+            rank = line[0]
+            if line[1] != cursor[rank] or rank not in wanted:
+                self._keep(rank, line)
+                continue
             item = decode(rank, line, current)  # None: a copy that cannot give the record; its key will
             if item is not None:
                 if item[0] is current:
@@ -261,29 +265,19 @@ class Inbox:
                     others.append((rank, item))
                 cursor[rank] += 1
                 wanted.discard(rank)  # one record per rank: a deferred one's base stays its base
-
-        for rank in ranks:
-            line = self.copies.pop((rank, cursor[rank]), None) if self.copies else None
-            if line is not None:
-                take(rank, line)
-        for rank, n, line in self._read_slots(wanted):
-            if n == cursor[rank] and rank in wanted:
-                take(rank, line)
-            else:
-                self._keep(rank, n, line)
         return others
 
     def _from_copy(self, rank):
         line = self.copies.pop((rank, self.cursor[rank]), None)
         return None if line is None else self.reader.decode(rank, line)
 
-    def _keep(self, rank, n, line):
+    def _keep(self, rank, line):
         """Keep a copy of a record not taken yet (the first of each), if it is among its rank's next few."""
-        if 0 <= n - self.cursor[rank] < SLOTS:
-            self.copies.setdefault((rank, n), line)
+        if 0 <= line[1] - self.cursor[rank] < SLOTS:
+            self.copies.setdefault((rank, line[1]), line)
 
     def _read_slots(self, ranks):
-        """Read and delete the slot of every place `ranks` are at (usually one); the copies in them."""
+        """Read and delete the slot of every place `ranks` are at (usually one); the copies in them, as lines."""
         found = []
         for n in {self.cursor[r] for r in ranks} if self.slotted else ():
             name = slot_key(n)
