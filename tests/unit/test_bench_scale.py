@@ -39,3 +39,8 @@ def test_table_puts_the_old_protocol_beside_the_new():
     old = dict(new, main_ms_per_call=1.5, rank_us_per_call=40.0)
     text = bench_scale.table({"results": [dict(new, store_keys_after=9, store_keys_by_round=[9, 9])], "old": [old]})
     assert "| 8 | 0.50 | 0.10 | 1.50 | 3.0x | 50 | 40 | 9 | 9, 9 |" in text
+
+
+def test_per_record_figures_are_measured():
+    figures = bench_scale.per_record(number=20)
+    assert set(figures) == {"decode_us", "decode_copy_us", "emit_us"} and all(v > 0 for v in figures.values())
