@@ -4,6 +4,9 @@ in_order every step completes, ordered, with the same trained weights as without
 As a user gets it: the built wheel in a fresh venv (test_startup_hook.py's venv), scripts that never
 import the package, `accelerate launch` with 2 CPU ranks. `PYTHONPROFILEIMPORTTIME` makes every
 process list its imports on stderr, which shows that the hook brought the package into each rank.
+accelerate's own scripts run through `scripts/seeded_client.py`: unchanged, but on fixed data (their
+dataset otherwise draws from fresh OS entropy in every run). On failure, the job's whole stderr is
+printed (pytest shows it with the failure).
 """
 
 import re
@@ -17,10 +20,11 @@ from accelerate_inorder_fix.tools import launch as _launch
 
 
 TRAIN = str(SCRIPTS / "train_loop.py")
+SEEDED = str(SCRIPTS / "seeded_client.py")
 
 
-def _run(venv, script, version, timeout, **env):
-    cmd = _launch.launch_command([script], 2, "accelerate", python=str(venv / "bin" / "python"))
+def _run(venv, script, version, timeout, args=(), **env):
+    cmd = _launch.launch_command([script, *args], 2, "accelerate", python=str(venv / "bin" / "python"))
     # ACCELERATE_USE_CPU: without it, accelerate's own scripts come up as two single-process jobs
     # on a machine with no GPU (each its own "main process"), which proves nothing about ranks.
     full_env = clean_env(version, PYTHONPROFILEIMPORTTIME="1", ACCELERATE_USE_CPU="1", **env)
@@ -28,8 +32,11 @@ def _run(venv, script, version, timeout, **env):
 
 
 def _errors(stderr):
-    """stderr without the `import time:` lines, for a failure's message."""
-    return "\n".join(line for line in stderr.splitlines() if not line.startswith("import time:"))[-3000:]
+    """stderr without the `import time:` lines, for a failure's message (and whole on stdout, which
+    pytest shows with a failing test, where an assertion's message would be cut short)."""
+    text = "\n".join(line for line in stderr.splitlines() if not line.startswith("import time:"))
+    print(text)
+    return text[-3000:]
 
 
 def _patched_processes(stderr):
@@ -49,8 +56,9 @@ DISTRIBUTED = {
 @pytest.mark.parametrize("version", ["1.12.0", "1.15.0"])
 @pytest.mark.parametrize("name", list(DISTRIBUTED))
 def test_accelerate_self_tests_pass_with_the_hook(wheel_venv, version, name):  # noqa: F811
+    # Through `seeded_client.py`: the scripts unchanged, their random data the same in every run.
     script = f"{accelerate_dir(version)}/accelerate/test_utils/scripts/{name}.py"
-    job = _run(wheel_venv, script, version, timeout=300)
+    job = _run(wheel_venv, SEEDED, version, timeout=300, args=[script])
     assert job.killed is None and job.returncode == 0, (job, _errors(job.stderr))
     assert any(line.startswith(DISTRIBUTED[name]) for line in job.lines), "the ranks did not form one job"
     assert job.elapsed < 240, job
