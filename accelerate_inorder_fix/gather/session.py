@@ -122,7 +122,9 @@ class GatherSession:
             inbox = transport.Inbox(self._store, state.num_processes)
             self._collector = _collector.Collector(inbox, state.num_processes, settings.timeout(), self._warning)
         else:
-            self._outbox = transport.Outbox(self._store, state.process_index)
+            self._outbox = transport.Outbox(
+                self._store, state.process_index, cleanup_store=transport.process_group_store()
+            )
         self._settings = settings
         self._usable = True
 

@@ -18,7 +18,8 @@ Torch releases without `append` or `multi_get`: the same protocol on the keys al
 
 The main process deletes nothing else. Every `PUBLISH_EVERY` calls it publishes how far it has read
 each queue (one key, `read`: a little-endian uint64 per rank), and each rank, every `CLEAN_EVERY`
-posts, deletes its own records below that mark, in a thread of its own (`Cleaner`), off its posts.
+posts, deletes its own records below that mark, in a thread of its own (`Cleaner`), off its posts
+and on the process group's own store connection, off the connection its posts use.
 The store holds, per rank, the records the main process had not read at that rank's last clean-up
 plus at most `CLEAN_EVERY + PUBLISH_EVERY`, and at most `SLOTS` slots, whatever the number of calls.
 
@@ -76,6 +77,21 @@ def open_store(timeout):
     return dist.PrefixStore(PREFIX, store), None
 
 
+def process_group_store():
+    """The process group's own store connection, prefixed as ours; None when there is none.
+
+    A rank's clean-up deletes there. A delete never waits, so it may share that connection; on our own,
+    each would hold up the rank's next post for a round trip (a client takes one call at a time), and
+    one more connection per rank would cost the master's store server a file descriptor per rank.
+    """
+    try:
+        from torch.distributed import PrefixStore, distributed_c10d
+
+        return PrefixStore(PREFIX, distributed_c10d._get_default_store())
+    except (ImportError, RuntimeError, ValueError, AttributeError):
+        return None
+
+
 def key(rank, n):
     return f"{rank}/{n}"
 
@@ -96,8 +112,8 @@ class Cleaner:
     """A rank's clean-up, off its posts: one daemon thread, woken every `CLEAN_EVERY` posts.
 
     Deleting what the main process has read costs a round trip per record; done inside `post`, every
-    eighth post of a rank would take several times as long as the others. The thread shares the rank's
-    store connection (its client takes one call at a time) and only ever deletes the rank's own keys.
+    eighth post of a rank would take several times as long as the others. The thread deletes on the
+    outbox's `cleanup_store`, and only ever the rank's own keys.
     """
 
     def __init__(self, outbox):
@@ -138,8 +154,10 @@ class Cleaner:
 class Outbox:
     """A rank's side: append records to its own queue, and delete those already read. Never waits."""
 
-    def __init__(self, store, rank, clean_every=CLEAN_EVERY, background=True):
+    def __init__(self, store, rank, clean_every=CLEAN_EVERY, background=True, cleanup_store=None):
+        """`cleanup_store`: where `clean` deletes (`process_group_store()` in a job); `store` if None."""
         self.store, self.rank, self.clean_every = store, rank, clean_every
+        self.cleanup_store = store if cleanup_store is None else cleanup_store
         self.cleaner = Cleaner(self) if background else None
         self.sent = 0
         self.cleaned = 0  # records below this index are deleted
@@ -173,12 +191,13 @@ class Outbox:
 
         `check` for the main process's read marks until it has published them: `get` would wait.
         """
-        self.published = self.published or self.store.check([READ_KEY])
+        store = self.cleanup_store
+        self.published = self.published or store.check([READ_KEY])
         if not self.published:
             return
-        read = min(read_mark(self.store.get(READ_KEY), self.rank), sent)
+        read = min(read_mark(store.get(READ_KEY), self.rank), sent)
         for n in range(self.cleaned, read):
-            self.store.delete_key(key(self.rank, n))
+            store.delete_key(key(self.rank, n))
         self.cleaned = max(self.cleaned, read)
 
 

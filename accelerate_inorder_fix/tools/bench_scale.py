@@ -37,6 +37,7 @@ import multiprocessing
 import os
 import platform
 import statistics
+import struct
 import sys
 import threading
 import time
@@ -49,6 +50,7 @@ from ..gather import copies, records, transport
 SITE = ("bench_scale.py", "train_step", 42)
 WARMUP = 1  # rounds run before the measured ones at each size (first loggers, first full copies)
 LOGGER = "aif.bench.scale"
+BURST = 2000  # rank 1's back-to-back posts, for the clean-up's connection (`_burst`)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,9 +151,42 @@ def _settle(shares):
                 raise RuntimeError(f"rank {outbox.rank}'s clean-up did not finish within 60 s")
 
 
+def _burst(connection, cleanup_connection, number, tag):
+    """Rank 1 posting `number` records back to back, its clean-up deleting each: us per post.
+
+    As when a rank logs several in_order records in a row and the main process keeps up (its read marks
+    say every record was read). Deleting costs a round trip per record: on the posts' own connection
+    each delete holds up the next post, on another connection it runs beside them.
+    """
+    import torch.distributed as dist
+
+    prefix = f"burst-{tag}/{transport.PREFIX}"
+    store = dist.PrefixStore(prefix, connection)
+    store.set(transport.READ_KEY, struct.pack("<QQ", 0, 2**62))  # the main process has read it all
+    outbox = transport.Outbox(store, 1, cleanup_store=dist.PrefixStore(prefix, cleanup_connection))
+    timings = []
+    for count in range(1, number + 1):
+        record = _record(count, 1)
+        start = time.perf_counter()
+        outbox.post(*records.encode((SITE, count), record))
+        timings.append(time.perf_counter() - start)
+    if not outbox.cleaner.idle(60):
+        raise RuntimeError("rank 1's clean-up did not finish within 60 s")
+    timings.sort()
+    return {"mean_us": statistics.mean(timings) * 1e6, "p90_us": timings[len(timings) * 9 // 10] * 1e6}
+
+
+def _outbox(outbox_type, store, cleanup_store, rank):
+    if outbox_type is transport.Outbox:
+        return outbox_type(store, rank, cleanup_store=cleanup_store)
+    return outbox_type(store, rank)
+
+
 def _poster(conn, port, threads):
     """A process of simulated ranks: `threads` connections, each posting for its share of the ranks."""
     connections = [_connect(port) for _ in range(threads)]
+    # As in a job: a rank's clean-up deletes on the process group's connection, not on its posts' one.
+    cleanup = [_connect(port) for _ in range(threads)]
     shares = []
     while True:
         command = conn.recv()
@@ -161,8 +196,11 @@ def _poster(conn, port, threads):
             _, prefix, protocol, ranks = command
             outbox_type = PROTOCOLS[protocol][1]
             shares = [
-                [(r, outbox_type(dist.PrefixStore(prefix, c), r)) for r in ranks[i::threads]]
-                for i, c in enumerate(connections)
+                [
+                    (r, _outbox(outbox_type, dist.PrefixStore(prefix, c), dist.PrefixStore(prefix, d), r))
+                    for r in ranks[i::threads]
+                ]
+                for i, (c, d) in enumerate(zip(connections, cleanup))
             ]
         elif command[0] == "post":  # (post, first count, calls)
             workers = [threading.Thread(target=_post_calls, args=(share, *command[1:])) for share in shares if share]
@@ -171,6 +209,14 @@ def _poster(conn, port, threads):
             for worker in workers:
                 worker.join()
             _settle(shares)
+        elif command[0] == "burst":  # (burst, number): rank 1's posts back to back, two clean-up connections
+            conn.send(
+                {
+                    where: _burst(connections[0], other, command[1], where)
+                    for where, other in (("posts", connections[0]), ("own", cleanup[0]))
+                }
+            )
+            continue
         elif command[0] == "timed":  # (timed, first count, calls): this thread, each post timed
             timings = []
             _post_calls(shares[0], *command[1:], timings)
@@ -204,6 +250,11 @@ class Cluster:
         conn = self.probe[1]
         conn.send(("timed", first, calls))
         return conn.recv()
+
+    def burst(self, number):
+        """Rank 1's back-to-back posts (`_burst`), clean-up on the posts' connection and on its own."""
+        self.probe[1].send(("burst", number))
+        return self.probe[1].recv()
 
     def command(self, per_poster):
         for (_, conn), command in zip(self.posters, per_poster):
@@ -418,6 +469,7 @@ def main(argv=None):
                 print(f"{ranks} ranks, {protocol} protocol ...", file=sys.stderr, flush=True)
                 result = run(cluster, ranks, protocol, args.calls, args.rounds, f"{protocol}{ranks}")
                 results["results" if protocol == "new" else "old"].append(result)
+        results["rank_burst"] = cluster.burst(BURST)
     finally:
         cluster.close()
     results["per_record"] = per_record()
@@ -434,6 +486,11 @@ def main(argv=None):
         "copy ({decode_us:.1f} us from its key) and {emit_us:.1f} us to emit (best of 5 x 2,000, this run).".format(
             **results["per_record"]
         )
+    )
+    print(
+        "Rank 1 posting {n:,} records back to back, clean-up deleting each: {posts[mean_us]:.0f} us mean ({posts[p90_us]:.0f} "
+        "p90) with the deletes on the posts' connection, {own[mean_us]:.0f} us ({own[p90_us]:.0f}) on a connection of "
+        "their own (the process group's, in a job).".format(n=BURST, **results["rank_burst"])
     )
     if args.json:
         with open(args.json, "w") as f:

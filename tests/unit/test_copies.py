@@ -107,6 +107,31 @@ def test_a_rank_cleans_up_off_its_post():
     assert transport.key(1, 2) in store.data and transport.key(1, 3) in store.data
 
 
+class _Connection:
+    """One connection to a shared store: which calls went through it."""
+
+    def __init__(self, store):
+        self._store, self.calls = store, []
+
+    def __getattr__(self, name):
+        self.calls.append(name)
+        return getattr(self._store, name)
+
+
+def test_a_rank_cleans_up_on_the_process_groups_connection_not_its_posts_one():
+    store = FakeStore()
+    posts, cleanup = _Connection(store), _Connection(store)
+    outbox = transport.Outbox(posts, 1, clean_every=2, background=False, cleanup_store=cleanup)
+    inbox = transport.Inbox(store, 2, publish_every=1)
+    for n in range(4):
+        outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
+        inbox.take_many([1])
+        inbox.publish()
+    assert transport.key(1, 0) not in store.data and transport.key(1, 2) not in store.data  # cleaned up
+    assert "delete_key" in cleanup.calls and "delete_key" not in posts.calls
+    assert set(posts.calls) <= {"append", "compare_set"}, posts.calls
+
+
 def test_a_block_of_delta_copies_comes_out_whole_and_in_rank_order():
     from accelerate_inorder_fix.gather import collector as _collector
 

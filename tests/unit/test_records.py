@@ -122,6 +122,27 @@ def test_non_finite_floats_arrive_as_floats():
     assert math.isnan(got.nan) and got.inf == math.inf and got.ninf == -math.inf
 
 
+_DOCUMENTS = [
+    [2, ["f.py", "fn", 3], 7, None],
+    {"text": 'caf\u00e9 \u65e5\u672c \udcff \n\t"', "n": -(10**30), "x": 1.5e-300, "flags": [True, False, None]},
+    [math.nan, math.inf, -math.inf, 0.1, -0.0, {"": []}, [[[]]]],
+    "a bare string",
+    12,
+]
+
+
+@pytest.mark.parametrize("c_encoder", [True, False], ids=["c-encoder", "python-encoder"])
+def test_records_are_written_as_json_dumps_writes_them(monkeypatch, c_encoder):
+    if not c_encoder:
+        monkeypatch.setattr(records, "_C_ENCODER", None)
+    else:
+        assert records._C_ENCODER is not None, "this Python's json has its C encoder: the fast path must be used"
+    for document in _DOCUMENTS:
+        assert records.dumps(document) == json.dumps(document, separators=(",", ":")).encode("ascii")
+    with pytest.raises(ValueError):  # as `encode` expects of a value that cannot be written
+        records.dumps([10**5000])
+
+
 class _BadRepr:
     def __repr__(self):
         raise RuntimeError("no repr")
