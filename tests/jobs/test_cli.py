@@ -215,6 +215,10 @@ def test_check_gather_mode_passes_the_mode_through():
     assert "mode gather" in result.stdout.splitlines()[0]
 
 
+def _ctrl_c_as_in_a_terminal():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_check_interrupted_leaves_no_process_behind():
     marker = uuid.uuid4().hex
     proc = subprocess.Popen(
@@ -224,6 +228,9 @@ def test_check_interrupted_leaves_no_process_behind():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As in a terminal: a suite started in the background of a non-interactive shell ignores
+        # SIGINT, which its children inherit (Python then leaves Ctrl-C ignored, as it should).
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
     try:
         # Wait for ranks: the CLI, 2 launchers and at least one rank carry the marker.
