@@ -85,17 +85,17 @@ class Collector:
         if failure is not None:
             raise failure
 
+    def _waitable(self, block):
+        """The ranks whose record for this block is still to come (those known absent are not waited for)."""
+        return [r for r in range(self.world_size) if r not in block and r not in self.absent]
+
     def _collect(self, identity, block):
         deadline = time.monotonic() + self.timeout
-        first = True
+        self._take_copied(self._waitable(block), identity, block)  # what is in the slot already: no wait
         while True:
-            waitable = [r for r in range(self.world_size) if r not in block and r not in self.absent]
+            waitable = self._waitable(block)
             if not waitable:
                 break
-            if first:  # what is in the slot already, without waiting; then wait for the others
-                first = False
-                self._take_copied(waitable, identity, block)
-                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self.inbox.wait(waitable, remaining):
                 break

@@ -18,8 +18,8 @@ Torch releases without `append` or `multi_get`: the same protocol on the keys al
 
 The main process deletes nothing else. Every `PUBLISH_EVERY` calls it publishes how far it has read
 each queue (one key, `read`: a little-endian uint64 per rank), and each rank, every `CLEAN_EVERY`
-posts, deletes its own records below that mark, in a thread of its own (`Cleaner`), off its posts
-and on the process group's own store connection, off the connection its posts use.
+posts, deletes its own records below that mark: in a thread of its own (`Cleaner`), on the process
+group's own store connection, so that no post waits for a delete.
 The store holds, per rank, the records the main process had not read at that rank's last clean-up
 plus at most `CLEAN_EVERY + PUBLISH_EVERY`, and at most `SLOTS` slots, whatever the number of calls.
 

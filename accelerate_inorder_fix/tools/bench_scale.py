@@ -37,7 +37,6 @@ import multiprocessing
 import os
 import platform
 import statistics
-import struct
 import sys
 import threading
 import time
@@ -61,7 +60,7 @@ BURST = 2000  # rank 1's back-to-back posts, for the clean-up's connection (`_bu
 class LegacyOutbox:
     """The rank side before batching: append to its queue, never clean (the main process deleted)."""
 
-    def __init__(self, store, rank):
+    def __init__(self, store, rank, cleanup_store=None):  # never cleans: `cleanup_store` is not used
         self.store, self.rank, self.sent = store, rank, 0
 
     def post(self, payload, document=None):
@@ -162,7 +161,9 @@ def _burst(connection, cleanup_connection, number, tag):
 
     prefix = f"burst-{tag}/{transport.PREFIX}"
     store = dist.PrefixStore(prefix, connection)
-    store.set(transport.READ_KEY, struct.pack("<QQ", 0, 2**62))  # the main process has read it all
+    marks = transport.Inbox(store, 2)
+    marks.cursor[1] = 2**62
+    marks.publish()  # the main process's read marks: it has read all of rank 1's records
     outbox = transport.Outbox(store, 1, cleanup_store=dist.PrefixStore(prefix, cleanup_connection))
     timings = []
     for count in range(1, number + 1):
@@ -174,12 +175,6 @@ def _burst(connection, cleanup_connection, number, tag):
         raise RuntimeError("rank 1's clean-up did not finish within 60 s")
     timings.sort()
     return {"mean_us": statistics.mean(timings) * 1e6, "p90_us": timings[len(timings) * 9 // 10] * 1e6}
-
-
-def _outbox(outbox_type, store, cleanup_store, rank):
-    if outbox_type is transport.Outbox:
-        return outbox_type(store, rank, cleanup_store=cleanup_store)
-    return outbox_type(store, rank)
 
 
 def _poster(conn, port, threads):
@@ -197,7 +192,7 @@ def _poster(conn, port, threads):
             outbox_type = PROTOCOLS[protocol][1]
             shares = [
                 [
-                    (r, _outbox(outbox_type, dist.PrefixStore(prefix, c), dist.PrefixStore(prefix, d), r))
+                    (r, outbox_type(dist.PrefixStore(prefix, c), r, cleanup_store=dist.PrefixStore(prefix, d)))
                     for r in ranks[i::threads]
                 ]
                 for i, (c, d) in enumerate(zip(connections, cleanup))

@@ -13,6 +13,7 @@ import time
 import pytest
 from fake_store import FakeStore
 
+from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import copies, records, transport
 
 
@@ -133,8 +134,6 @@ def test_a_rank_cleans_up_on_the_process_groups_connection_not_its_posts_one():
 
 
 def test_a_block_of_delta_copies_comes_out_whole_and_in_rank_order():
-    from accelerate_inorder_fix.gather import collector as _collector
-
     store, seen = FakeStore(), []
     outboxes = {rank: transport.Outbox(store, rank, background=False) for rank in (1, 2, 3)}
     collector = _collector.Collector(transport.Inbox(store, 4), 4, 1.0, pytest.fail)
