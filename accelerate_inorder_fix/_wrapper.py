@@ -8,7 +8,9 @@ emits its record in its turn.
 
 - `in_order=False`: upstream's own behaviour, restated for the known bodies (no extra frame).
 - `in_order=True`: a collective call on every rank; `main_process_only` is ignored (as in 1.13+).
-  Barrier mode takes N turns of upstream's `wait_for_everyone()`; gather mode hands the record to
+  Barrier mode checks the call in through the job's store (`gather.GATHER.check_in`), then, when every
+  rank has made it, takes N turns of upstream's `wait_for_everyone()`; when some rank has not within
+  the timeout, nobody enters a barrier and each rank emits at once. Gather mode hands the record to
   `gather.GATHER`, which also holds the mode every rank agreed on and the per-process call lock.
 """
 
@@ -100,10 +102,16 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
         # One in_order call at a time per process: each call's N barriers pair up across ranks even
         # when several threads log, and a gather call's record and count stay together.
         with gather.lock:
+            site = _callsite.call_site(body, 0)
             if gather.mode(state, settings) == "gather":
-                gather.log(state, instance, level, msg, rest, kwargs, _callsite.call_site(body, 0))
-            else:
+                gather.log(state, instance, level, msg, rest, kwargs, site)
+                return None
+            go, settle = gather.check_in(state, settings, site)
+            if go:
                 _in_turns(state, instance, level, msg, rest, kwargs)
+            else:  # some rank will not come (the check-in said so): nobody enters a barrier of this call
+                _emit(instance, level, msg, rest, kwargs)
+            settle()
         return None
 
     return log_in_order

@@ -100,6 +100,12 @@ class Settings:
         self._lock = threading.Lock()
         self._mode: Optional[str] = None
         self._timeout: Optional[float] = None
+        self._mode_generation = 0
+
+    @property
+    def mode_generation(self) -> int:
+        """How many `configure(mode=...)` calls this process has made: each is a switch made on every rank."""
+        return self._mode_generation
 
     def _from_env(self, name: str, parse, default):
         raw = os.environ.get(name)
@@ -142,6 +148,7 @@ class Settings:
         with self._lock:
             if new_mode is not None:
                 self._mode = new_mode
+                self._mode_generation += 1
             if new_timeout is not None:
                 self._timeout = new_timeout
 
@@ -172,9 +179,12 @@ def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> No
 
     Args:
         mode (`str`, *optional*): `"barrier"` or `"gather"` (any case). Call it with the same value on
-            every rank; where ranks disagree, the main process's mode is used and the others say so.
-        timeout (`float`, *optional*): seconds the main process waits for a rank's record in gather
-            mode; a finite number greater than 0.
+            every rank, before the same in_order call: every rank then switches there, whatever mode
+            it used before. At the first in_order call, ranks that disagree take the main process's
+            mode and say so.
+        timeout (`float`, *optional*): the bound of every in_order wait: the main process's wait for a
+            rank's record in gather mode, a rank's wait for the others at a barrier-mode check-in; a
+            finite number greater than 0.
 
     `None` leaves a setting as it is. Raises `ValueError` on a bad value, and then changes nothing.
     """

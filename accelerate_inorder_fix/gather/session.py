@@ -4,8 +4,13 @@ Mode agreement. Ranks that disagree on the mode cannot work together (barriers o
 posts on others). So at its first in_order call every rank takes the main process's mode, through the
 job's c10d store: the main process writes its word, every other rank reads it, waiting at most
 `ACCELERATE_INORDER_TIMEOUT` seconds (a barrier-mode rank would wait that long for the main process at
-its first barrier anyway). A rank whose own setting differs says so in one line. A later change of
-the setting is taken as a deliberate switch made on every rank, and followed.
+its first barrier anyway). A rank whose own setting differs says so in one line. A later
+`configure(mode=...)`, or a change of `ACCELERATE_INORDER_MODE`, is taken as a deliberate switch made
+on every rank, and followed, whatever the rank's setting was at its first call: every rank switches
+at the same call, so no call runs in two modes.
+
+Barrier mode checks each call in through the same store first (`checkin`): its barriers run only when
+every rank has made the call, so a call some ranks skip costs a bounded wait and a warning, not a hang.
 
 Gather mode (`ACCELERATE_INORDER_MODE=gather`): one writer, nobody but it waits, every wait bounded.
 Each rank builds its own record with its own logger (`records`), drops it if its own level or filters
@@ -18,8 +23,9 @@ delivered and seals every queue: a record posted after that is printed by the ra
 Threads: the in_order calls of one process take turns (`lock`), in both modes, so one call's N
 barriers, or its capture and post, never interleave with another thread's.
 
-Jobs with no c10d store (a backend torch.distributed does not run) skip the agreement, and a gather
-setting falls back to barrier mode with one warning. `GATHER` is the process's one session.
+Jobs with no c10d store (a backend torch.distributed does not run) skip the agreement and the
+check-in (plain barriers, as upstream), and a gather setting falls back to barrier mode with one
+warning. `GATHER` is the process's one session.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ import atexit
 import collections
 import os
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .._diagnostics import warn_once
+from . import checkin as _checkin
 from . import collector as _collector
 from . import records, transport
 
@@ -39,19 +46,25 @@ def _warn(text: str) -> None:
     warn_once(("gather", text), text)
 
 
+def _nothing() -> None:
+    """What a call with no check-in keys leaves to clean up."""
+
+
 class GatherSession:
     """This process's in_order state: the agreed mode, its store connection, its gather side, call counts."""
 
     def __init__(self) -> None:
         # Held for the whole of one in_order call, in both modes (re-entrant: a handler may log).
         self.lock = threading.RLock()
-        self._agreement: Optional[tuple[str, str]] = None  # (this process's setting then, the mode in use)
+        # (this process's setting then, its configure() generation then, the mode in use)
+        self._agreement: Optional[tuple[str, int, str]] = None
         self._store: Any = None
         self._store_reason = "no in_order call yet"
         self._opened = False
         self._usable = False  # gather sides opened (stays True after `close`: late calls print locally)
         self._outbox: Optional[transport.Outbox] = None
         self._collector: Optional[_collector.Collector] = None
+        self._checkin: Optional[_checkin.CheckIn] = None
         self._settings: Any = None
         self._logger_name = "root"
         self._counts: collections.Counter = collections.Counter()
@@ -67,10 +80,10 @@ class GatherSession:
         if agreement is None:
             with self.lock:
                 if self._agreement is None:
-                    self._agreement = (own, self._agree(state, settings, own))
+                    self._agreement = (own, settings.mode_generation, self._agree(state, settings, own))
                 agreement = self._agreement
-        setting, mode = agreement
-        if own != setting:  # switched after the first call: on every rank, as documented
+        setting, generation, mode = agreement
+        if own != setting or settings.mode_generation != generation:  # a switch, made on every rank
             mode = own
         if mode == "gather" and not self._gather_ready(state, settings):
             return "barrier"
@@ -138,6 +151,55 @@ class GatherSession:
         except Exception as exc:  # a broken handler: say it on stderr rather than lose it
             _warn(f"{text} (handler failed: {exc!r})")
 
+    def _count(self, site: tuple) -> int:
+        """This process's number for its next call at `site`: with the site, the call's identity in both modes."""
+        self._counts[site] += 1
+        return int(self._counts[site])
+
+    def check_in(self, state, settings, site: tuple) -> tuple[bool, Callable[[], None]]:
+        """Barrier mode: (whether this call's barriers run, what to call after them).
+
+        True with nothing to do where the job has no store (plain barriers, as upstream) or in a forked
+        process (which is not a rank: it only counts the call).
+        """
+        with self.lock:
+            count = self._count(site)
+            if self._pid is not None and self._pid != os.getpid():
+                _warn("a forked process logs its in_order records at once, without barriers (it is not a rank)")
+                return False, _nothing
+            if self._store is None:
+                return True, _nothing
+            if self._checkin is None:
+                janitor = _checkin.Janitor(transport.process_group_store() or self._store, _warn)
+                self._checkin = _checkin.CheckIn(self._store, state.process_index, state.num_processes, janitor)
+            try:
+                verdict, settle = self._checkin.verdict(site, count, settings.timeout())
+            except Exception as exc:  # the store failed under us: the job's own collectives are broken too
+                _warn(f"the in_order check-in failed ({exc!r}); using plain barriers for this call")
+                return True, _nothing
+            if not verdict.go:
+                self._say_skipped(site, count, verdict, settings.timeout())
+            return verdict.go, settle
+
+    def _say_skipped(self, site: tuple, count: int, verdict: _checkin.Verdict, timeout: float) -> None:
+        rank = self._checkin.rank if self._checkin is not None else -1
+        where = f"{site[0]}:{site[2]} ({site[1]})"
+        if verdict.decider == rank:
+            ranks = ", ".join(map(str, verdict.missing)) or "?"
+            warn_once(
+                ("checkin-skip", site, verdict.missing),
+                f"in_order call at {where}: rank(s) {ranks} did not make call #{count} there within "
+                f"{timeout:g} s (ACCELERATE_INORDER_TIMEOUT); logged unordered, without barriers. An in_order "
+                "call is collective: every rank must make it. Later calls there wait for these ranks only "
+                "once they make them again.",
+            )
+        elif rank in verdict.missing:
+            warn_once(
+                ("checkin-late", site),
+                f"rank {rank}: in_order call #{count} at {where} had been given up before this rank made it "
+                "(the other ranks logged unordered); logged unordered, without barriers",
+            )
+
     def log(self, state, adapter, level: int, msg: Any, args: tuple, kwargs: dict, site: tuple) -> None:
         """One rank's in_order call in gather mode. `site` is the user's call site, the same on every rank."""
         with self.lock:
@@ -146,8 +208,7 @@ class GatherSession:
             except Exception as exc:  # a filter or formatter that raises: the call still counts, as a marker
                 _warn(f"a log record could not be built: {exc!r}")
                 record = None
-            self._counts[site] += 1
-            identity = (site, self._counts[site])
+            identity = (site, self._count(site))
             if self._pid != os.getpid():  # a forked child (a DataLoader worker): the connection is its parent's
                 _warn("a forked process prints its own in_order records (the store connection is its parent's)")
                 self._print_here(record)
@@ -198,7 +259,7 @@ class GatherSession:
                     self._collector.flush()
                 except Exception as exc:  # the store is gone at exit: nothing more can be delivered
                     _warn(f"gather mode could not flush records at exit: {exc!r}")
-            self._outbox = self._collector = self._store = None
+            self._outbox = self._collector = self._store = self._checkin = None
 
 
 GATHER = GatherSession()

@@ -1,0 +1,252 @@
+"""Barrier mode's check-in: before any barrier, every rank agrees through the job's store whether they run.
+
+Barrier mode is N turns of `wait_for_everyone()`: a collective. A rank that does not make the call
+(`if accelerator.is_main_process:`, a skipped iteration) leaves the others in a barrier that its own
+next collective pairs with: the job hangs, or desynchronises. So each rank first checks in under the
+call's identity (its call site and the per-site count, as gather mode pairs records), and one atomic
+verdict per call decides for every rank:
+
+- `go`: every rank checked in, so every rank will enter each barrier of the call;
+- `skip`: `ACCELERATE_INORDER_TIMEOUT` passed first. Nobody enters a barrier of this call; each rank
+  that made it emits its record at once. The verdict names the ranks that had not checked in.
+
+The protocol, keys under `accelerate_inorder_fix/b/<site>/<count>/` (N ranks, deadline T)::
+
+    rank r                                               store
+    ------                                               -----
+    set <r>                        (presence; no reply)  <r> exists
+    add n 1                        -> a, r's arrival order
+    a == N:  compare_set v "" "go r"   -> the verdict    v = go      (first writer wins)
+    a <  N:  get v                 (blocks until T)  -> the verdict
+             T passed: check <q>, each q               -> who is missing
+                       compare_set v "" "skip d q,.." -> the verdict v = skip   (first writer wins)
+    follow v; then, off the call path, delete <r> (and n, v where r wrote v)
+
+`compare_set` on an absent key writes it only once, so whoever decides, every rank reads the same
+verdict: ranks never split. A rank that arrives after a `skip` reads it at once and follows it.
+
+Suspects. A call site that some ranks never reach (a main-only call in a loop) would cost a timeout
+per call. So the ranks a `skip` named are suspects at that site: a later call there checks, without
+waiting, whether they have checked in, and decides `skip` at once if not. A `go` verdict there, or
+the suspects found present, clears them: one timeout and one warning per site, not per call.
+
+Clean-up. A `go`'s keys are deleted after its barriers, when every rank has read the verdict. A
+`skip`'s verdict stays for late ranks until the next verdict at its site. Deletes run on the process
+group's own store connection, in a thread of their own (`Janitor`), so that no call waits for them.
+The store holds a few keys per call site plus the presence keys of calls in progress.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+Site = tuple[str, str, int]  # (file name, function, line) of the user's call: the same on every rank
+
+GO = b"go"
+SKIP = b"skip"
+BUSY = "b/busy/"  # + rank: "<call's key prefix> <deadline, epoch s> wait|done|gaveup": the rank's last wait
+_UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What every rank does with one in_order call.
+
+    Attributes:
+        go: True: the barriers run. False: nobody enters them; each rank emits at once.
+        decider: the rank whose check-in wrote the verdict.
+        missing: the ranks that had not checked in when a `skip` was decided (empty for `go`).
+    """
+
+    go: bool
+    decider: int
+    missing: tuple[int, ...] = ()
+
+    def encode(self) -> bytes:
+        """`go <decider>` or `skip <decider> <missing, comma-separated>`: plain ASCII, never code."""
+        missing = ",".join(map(str, self.missing)).encode()
+        return b"%s %d %s" % (GO if self.go else SKIP, self.decider, missing)
+
+    @classmethod
+    def decode(cls, blob: bytes) -> Verdict:
+        """The verdict in `blob`. Anything else (a foreign or damaged value) reads as a `skip` by
+        nobody (-1): unordered output, never a barrier some rank might not enter."""
+        word, _, rest = blob.partition(b" ")
+        decider, _, missing = rest.partition(b" ")
+        try:
+            verdict = cls(word == GO, int(decider), tuple(int(q) for q in missing.split(b",") if q))
+        except ValueError:
+            return cls(False, -1)
+        return verdict if word in (GO, SKIP) else cls(False, -1)
+
+
+def site_key(site: Site) -> str:
+    """A short name for a call site, the same on every rank."""
+    return f"{zlib.crc32(repr(site).encode()):08x}"
+
+
+class Janitor:
+    """Deletes keys off the call path: one daemon thread, on the process group's store connection."""
+
+    def __init__(self, store: Any, warn: Callable[[str], None]) -> None:
+        self._store = store
+        self._warn = warn
+        self._keys: collections.deque[str] = collections.deque()
+        self._changed = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+
+    def discard(self, *keys: str) -> None:
+        with self._changed:
+            self._keys.extend(keys)
+            self._changed.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="accelerate-inorder-fix-checkin", daemon=True)
+                self._thread.start()
+
+    def idle(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds until every key handed over is deleted (tests, exit)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._keys, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._keys))
+                name = self._keys[0]
+            try:
+                self._store.delete_key(name)
+            except (RuntimeError, OSError):  # the store is gone: nothing left to keep small
+                pass
+            except Exception as exc:  # not expected; the thread must outlive it, or the store would grow
+                self._warn(f"the in_order check-in could not delete a store key: {exc!r}")
+            with self._changed:
+                self._keys.popleft()
+                self._changed.notify_all()
+
+
+class CheckIn:
+    """One process's side of the check-in: its connection, its suspects, and what it must delete.
+
+    Args:
+        store: this process's own connection to the job's store (prefixed); its timeout is ours.
+        rank, world_size: this process's place in the job.
+        janitor: where keys to delete go (`Janitor` on the process group's connection).
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int, janitor: Janitor) -> None:
+        self.store = store
+        self.rank = rank
+        self.world_size = world_size
+        self.janitor = janitor
+        self.suspects: dict[Site, tuple[int, ...]] = {}
+        self._stale: dict[Site, list[str]] = {}  # keys of a site's last `skip`, deleted at its next verdict
+
+    def verdict(self, site: Site, count: int, timeout: float) -> tuple[Verdict, Callable[[], None]]:
+        """Check in for call `count` at `site`; the verdict, and what to call once it has been followed."""
+        base = f"b/{site_key(site)}/{count}/"
+        store = self.store
+        store.set(base + str(self.rank), b"")
+        arrived = store.add(base + "n", 1)
+        if arrived == self.world_size:
+            verdict = self._decide(base, Verdict(True, self.rank))
+        elif self._suspects_away(site, base):
+            verdict = self._decide(base, Verdict(False, self.rank, self.suspects[site]))
+        else:
+            verdict = self._await(base, timeout)
+        return verdict, lambda: self._settle(site, base, verdict)
+
+    def _suspects_away(self, site: Site, base: str) -> bool:
+        suspects = self.suspects.get(site)
+        if not suspects:
+            return False
+        if self.store.check([base + str(q) for q in suspects]):
+            del self.suspects[site]
+            return False
+        return True
+
+    def _decide(self, base: str, mine: Verdict) -> Verdict:
+        """Write `mine` unless a verdict is there already; the one that stands."""
+        return Verdict.decode(bytes(self.store.compare_set(base + "v", "", mine.encode())))
+
+    def _await(self, base: str, timeout: float) -> Verdict:
+        """Wait for the verdict; past the deadline, decide `skip` -- after one more timeout at most
+        when a missing rank is held up by a check-in elsewhere that should give way (`_outlast`)."""
+        start = time.time()
+        deadline = start + timeout
+        self._publish_wait(base, deadline, b"wait")
+        verdict = self._get(base + "v", deadline)
+        if verdict is None and self._outlast(base, self._missing(base), start, deadline):
+            verdict = self._get(base + "v", deadline + timeout)
+        if verdict is None:
+            self._publish_wait(base, deadline, b"gaveup")
+            return self._decide(base, Verdict(False, self.rank, self._missing(base)))
+        self._publish_wait(base, deadline, b"done")
+        return verdict
+
+    def _publish_wait(self, base: str, deadline: float, state: bytes) -> None:
+        self.store.set(BUSY + str(self.rank), b"%s %.3f %s" % (base.encode(), deadline, state))
+
+    def _get(self, name: str, deadline: float) -> Optional[Verdict]:
+        """The verdict in `name`, waiting until `deadline` (epoch seconds); None if none came."""
+        self.store.set_timeout(datetime.timedelta(seconds=max(deadline - time.time(), 0.001)))
+        try:
+            return Verdict.decode(bytes(self.store.get(name)))
+        except RuntimeError:  # DistStoreError: the deadline passed with no verdict
+            return None
+
+    def _peek(self, name: str) -> bytes:
+        """The value of `name`, or b"" when it has none: never waits, never creates it."""
+        blob = bytes(self.store.compare_set(name, _UNSET, _UNSET))
+        return b"" if blob == _UNSET else blob
+
+    def _missing(self, base: str) -> tuple[int, ...]:
+        return tuple(q for q in range(self.world_size) if not self.store.check([base + str(q)]))
+
+    def _outlast(self, base: str, missing: tuple[int, ...], start: float, deadline: float) -> bool:
+        """Whether to wait once more: a missing rank is held up at another check-in, and will come.
+
+        The hard case is a wait-for cycle: rank 0 waits at a main-only call for ranks that never make
+        it, while they wait for rank 0 at the next call. One side must give up so that the other can
+        go on, and both ask the same question: the call with more ranks checked in is the one the job
+        means (the tie goes to the call whose wait began later). A rank that gave up elsewhere while
+        we waited is on its way too. Each rank publishes its wait (`BUSY`) for this.
+        """
+        for q in missing:
+            where, _, rest = self._peek(BUSY + str(q)).partition(b" ")
+            when, _, state = rest.partition(b" ")
+            try:
+                their_deadline = float(when)
+            except ValueError:
+                continue
+            if where == base.encode():
+                continue
+            if state == b"gaveup" and their_deadline >= start:
+                return True
+            if state == b"wait" and self._means_more(base, where.decode(), deadline, their_deadline):
+                return True
+        return False
+
+    def _means_more(self, base: str, theirs: str, deadline: float, their_deadline: float) -> bool:
+        ours_n, theirs_n = (int(self._peek(name + "n") or b"0") for name in (base, theirs))
+        return ours_n > theirs_n or (ours_n == theirs_n and their_deadline < deadline)
+
+    def _settle(self, site: Site, base: str, verdict: Verdict) -> None:
+        """After the call: remember suspects, and hand this call's keys, and the stale ones, to the janitor."""
+        done = [base + str(self.rank)]
+        done += self._stale.pop(site, [])
+        if verdict.go:
+            self.suspects.pop(site, None)
+            if verdict.decider == self.rank:  # the last to arrive: every rank has read `v` by now
+                done += [base + "n", base + "v"]
+        else:
+            self.suspects[site] = tuple(q for q in verdict.missing if q != self.rank)
+            done.append(base + "n")  # a late rank's `add` may recreate it: that rank deletes it again
+            self._stale[site] = [base + "v"]
+        self.janitor.discard(*done)
