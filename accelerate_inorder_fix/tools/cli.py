@@ -128,7 +128,7 @@ def build_parser():
     return parser
 
 
-def cmd_lint(args):
+def cmd_lint(args: argparse.Namespace) -> int:
     from . import lint as _lint
 
     return _lint.run(args.paths, args.format, sys.stdout, sys.stderr)

@@ -21,7 +21,7 @@ from .walker import Finding, check_tree
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
 FORMATS = ("text", "json")
-# flake8's own syntax: `# noqa` alone silences every code, `# noqa: AIF001,E501` those codes (by prefix).
+# flake8's own syntax: a bare noqa comment silences every code; `noqa: AIF001,E501` those codes (by prefix).
 _NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z][0-9A-Z]*(?:[,\s]+[A-Z][0-9A-Z]*)*))?", re.IGNORECASE)
 
 
