@@ -238,6 +238,14 @@ def test_negation_and_boolean_combinations_stay_rank_dependent(condition):
     assert findings(f"if {condition}:\n    logger.info('x', in_order=True)") == [(2, "AIF001")]
 
 
+def test_a_long_condition_is_named_by_its_rank_dependent_part():
+    finding = only("""
+        if accelerator.sync_gradients and accelerator.is_main_process and global_step % args.checkpointing_steps == 0:
+            accelerator.wait_for_everyone()
+    """)
+    assert finding.condition == "if ... and accelerator.is_main_process and ...:"
+
+
 @pytest.mark.parametrize(
     "condition",
     [

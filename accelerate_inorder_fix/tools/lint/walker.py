@@ -216,7 +216,16 @@ class _Walker:
     def condition(self, test: ast.expr, reason: Optional[Reason], tainted: frozenset[str]) -> Optional[str]:
         """The test's text when it is rank-dependent (its own calls are checked on the path that evaluates it)."""
         self.scan(test, reason, tainted)
-        return _text(test) if self.rank_dependent(test, tainted) else None
+        return self.condition_text(test, tainted) if self.rank_dependent(test, tainted) else None
+
+    def condition_text(self, test: ast.expr, tainted: frozenset[str]) -> str:
+        """A long `a and accelerator.is_main_process and b` reads `... and accelerator.is_main_process and ...`."""
+        if len(ast.unparse(test)) <= _MAX_CONDITION or not isinstance(test, ast.BoolOp):
+            return _text(test)
+        parts = [ast.unparse(v) if self.rank_dependent(v, tainted) else "..." for v in test.values]
+        kept = [p for i, p in enumerate(parts) if p != "..." or i == 0 or parts[i - 1] != "..."]
+        joined = (" and " if isinstance(test.op, ast.And) else " or ").join(kept)
+        return joined if len(joined) <= _MAX_CONDITION else joined[: _MAX_CONDITION - 3] + "..."
 
     def branch(self, node: ast.If, reason: Optional[Reason], tainted: frozenset[str]) -> None:
         cond = self.condition(node.test, reason, tainted)
@@ -259,7 +268,7 @@ class _Walker:
         body_exit, else_exit = exit_word(stmt.body), exit_word(stmt.orelse)
         if (body_exit is None) == (else_exit is None):
             return None  # neither branch leaves, or both do (the rest is unreachable)
-        cond = _text(stmt.test)
+        cond = self.condition_text(stmt.test, tainted)
         text = f"if {cond}: {body_exit}" if body_exit else f"if {cond}: ... else: {else_exit}"
         exempt = codes_in(stmt.body if body_exit else stmt.orelse, self)
         return Reason("after", text, stmt.lineno, exempt | (reason.exempt if reason else frozenset()))
