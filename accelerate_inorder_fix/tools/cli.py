@@ -3,9 +3,10 @@
     status   what is installed, and whether a process here gets the fix
     check    run the in_order scenarios on real CPU ranks, without and with the fix
     bench    time the two in_order modes (barrier, gather); `bench scale`: gather mode at up to 1,024 ranks
+    lint     find in_order calls and collectives that only some ranks reach, before the job runs
 
-Exit codes: 0 success; 1 the check found a problem with the fix, or could not run; 2 bad arguments;
-130 interrupted.
+Exit codes: 0 success; 1 the check found a problem with the fix, or could not run (`lint`: found
+something); 2 bad arguments (`lint`: also a path that cannot be read or parsed); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -111,7 +112,26 @@ def build_parser():
         "benchmark itself (`bench -- --help` shows them). `bench scale` (or `bench --scale`) runs the "
         "scale benchmark instead: gather mode at up to 1,024 simulated ranks (`bench scale -- --help`).",
     )
+    lint = commands.add_parser(
+        "lint",
+        help="find in_order calls and collectives that only some ranks reach (static, before launch)",
+        description="Read Python files (directories recursively) with `ast`, importing nothing from them, and "
+        "report in flake8's format each in_order log call (AIF001) and each known collective (AIF002) on a "
+        "rank-dependent path: under `if accelerator.is_main_process:`, after `if rank != 0: return`, in a "
+        "function decorated `@accelerator.on_main_process`... `# noqa: AIF001` silences a line. Exit codes: 0 "
+        "nothing found, 1 findings, 2 a path that cannot be read or parsed (the rest is still checked).",
+    )
+    lint.add_argument("paths", nargs="+", metavar="PATH", help="Python files or directories to check")
+    lint.add_argument(
+        "--format", choices=("text", "json"), default="text", help="text (flake8's, default) or a JSON array"
+    )
     return parser
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from . import lint as _lint
+
+    return _lint.run(args.paths, args.format, sys.stdout, sys.stderr)
 
 
 def cmd_status(args):
@@ -248,6 +268,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return cmd_status(args)
     if args.command == "check":
         return cmd_check(args)
+    if args.command == "lint":
+        return cmd_lint(args)
     return cmd_bench(args)
 
 

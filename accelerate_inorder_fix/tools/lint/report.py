@@ -1,0 +1,106 @@
+"""Run the lint over files and directories, honour `# noqa`, and print findings as flake8 text or JSON.
+
+Findings go to stdout (one line each, or one JSON array); everything else (a path that does not exist, a
+file that does not parse, the closing count) goes to stderr, so that stdout stays machine-readable.
+Exit codes: 0 nothing found, 1 findings, 2 a path or file could not be read (the rest is still checked).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional, TextIO
+
+from .walker import Finding, check_tree
+
+
+EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
+FORMATS = ("text", "json")
+# flake8's own syntax: a bare noqa comment silences every code; `noqa: AIF001,E501` those codes (by prefix).
+_NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z][0-9A-Z]*(?:[,\s]+[A-Z][0-9A-Z]*)*))?", re.IGNORECASE)
+
+
+def python_files(paths: Sequence[str]) -> Iterator[tuple[str, Optional[str]]]:
+    """(path, None) for each file to check, in order; (path, why) for a path that cannot be checked."""
+    for given in paths:
+        path = Path(given)
+        if path.is_dir():
+            for found in sorted(path.rglob("*.py")):
+                parts = found.relative_to(path).parts
+                if not any(p.startswith(".") or p == "__pycache__" for p in parts[:-1]):
+                    yield str(found), None
+        elif path.is_file():
+            yield given, None  # named explicitly: checked whatever its suffix, as flake8 does
+        else:
+            yield given, "no such file or directory"
+
+
+def is_suppressed(finding: Finding, lines: Sequence[str]) -> bool:
+    """Whether the finding's line carries `# noqa` or `# noqa: <a prefix of its code>`."""
+    if not 0 < finding.line <= len(lines):
+        return False
+    match = _NOQA.search(lines[finding.line - 1])
+    if match is None:
+        return False
+    codes = match.group("codes")
+    if codes is None:
+        return True
+    return any(finding.code.startswith(code.upper()) for code in re.split(r"[,\s]+", codes) if code)
+
+
+def check_file(path: str) -> list[Finding]:
+    """The findings of one file that `# noqa` leaves; raises OSError, SyntaxError or ValueError (bad bytes)."""
+    source = Path(path).read_bytes()
+    tree = ast.parse(source, filename=path)  # honours the file's encoding declaration
+    lines = source.decode(_encoding(source), errors="replace").splitlines()
+    return [f for f in check_tree(tree) if not is_suppressed(f, lines)]
+
+
+def _encoding(source: bytes) -> str:
+    from tokenize import detect_encoding
+
+    lines = iter(source.splitlines(keepends=True))
+    return detect_encoding(lambda: next(lines, b""))[0]
+
+
+def _why(path: str, error: Exception) -> str:
+    if isinstance(error, SyntaxError):
+        return f"{path}:{error.lineno or 0}:{error.offset or 0}: cannot parse: SyntaxError: {error.msg}"
+    return f"{path}: cannot read: {type(error).__name__}: {error}"
+
+
+def render_text(path: str, finding: Finding) -> str:
+    return f"{path}:{finding.line}:{finding.col}: {finding.code} {finding.message}"
+
+
+def run(paths: Sequence[str], fmt: str, out: TextIO, err: TextIO) -> int:
+    """Lint every path; print the findings on `out`, problems and a count on `err`; return the exit code."""
+    start = time.perf_counter()
+    found: list[tuple[str, Finding]] = []
+    files = unreadable = 0
+    for path, problem in python_files(paths):
+        files += problem is None
+        try:
+            if problem is not None:
+                raise FileNotFoundError(problem)
+            findings = check_file(path)
+        except (OSError, SyntaxError, ValueError) as error:
+            unreadable += 1
+            err.write(_why(path, error) + "\n")
+            continue
+        for finding in findings:
+            found.append((path, finding))
+            if fmt == "text":
+                out.write(render_text(path, finding) + "\n")
+    if fmt == "json":
+        out.write(json.dumps([{"path": path, **asdict(f)} for path, f in found], indent=2) + "\n")
+    elapsed = time.perf_counter() - start
+    err.write(f"lint: {len(found)} finding(s) in {files} file(s), {unreadable} unreadable ({elapsed:.2f} s)\n")
+    if unreadable:
+        return EXIT_UNREADABLE
+    return EXIT_FOUND if found else EXIT_CLEAN
