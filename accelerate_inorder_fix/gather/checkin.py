@@ -27,8 +27,9 @@ verdict: ranks never split. A rank that arrives after a `skip` reads it at once 
 
 Suspects. A call site that some ranks never reach (a main-only call in a loop) would cost a timeout
 per call. So the ranks a `skip` named are suspects at that site: a later call there checks, without
-waiting, whether they have checked in, and decides `skip` at once if not. A `go` verdict there, or
-the suspects found present, clears them: one timeout and one warning per site, not per call.
+waiting, whether they have checked in, and decides `skip` at once if not. A suspect that checks in
+there, even late, ends it: the next call there waits for it again. One timeout and one warning per
+site, not per call.
 
 Clean-up. A `go`'s keys are deleted after its barriers, when every rank has read the verdict. A
 `skip`'s verdict stays for late ranks until the next verdict at its site. Deletes run on the process
@@ -92,6 +93,10 @@ def site_key(site: Site) -> str:
     return f"{zlib.crc32(repr(site).encode()):08x}"
 
 
+def _site_prefix(site: Site) -> str:
+    return f"b/{site_key(site)}/"
+
+
 class Janitor:
     """Deletes keys off the call path: one daemon thread, on the process group's store connection."""
 
@@ -145,28 +150,36 @@ class CheckIn:
         self.rank = rank
         self.world_size = world_size
         self.janitor = janitor
-        self.suspects: dict[Site, tuple[int, ...]] = {}
+        self.suspects: dict[Site, tuple[tuple[int, ...], int]] = {}  # site -> (ranks, since which call)
         self._stale: dict[Site, list[str]] = {}  # keys of a site's last `skip`, deleted at its next verdict
 
     def verdict(self, site: Site, count: int, timeout: float) -> tuple[Verdict, Callable[[], None]]:
         """Check in for call `count` at `site`; the verdict, and what to call once it has been followed."""
-        base = f"b/{site_key(site)}/{count}/"
+        base = _site_prefix(site) + f"{count}/"
         store = self.store
         store.set(base + str(self.rank), b"")
         arrived = store.add(base + "n", 1)
         if arrived == self.world_size:
             verdict = self._decide(base, Verdict(True, self.rank))
         elif self._suspects_away(site, base):
-            verdict = self._decide(base, Verdict(False, self.rank, self.suspects[site]))
+            verdict = self._decide(base, Verdict(False, self.rank, self.suspects[site][0]))
         else:
             verdict = self._await(base, timeout)
-        return verdict, lambda: self._settle(site, base, verdict)
+        return verdict, lambda: self._settle(site, count, verdict)
 
     def _suspects_away(self, site: Site, base: str) -> bool:
-        suspects = self.suspects.get(site)
+        """Whether this call should not wait: the site's suspects have not checked in, here or since.
+
+        A suspect that checks in late (after a `skip`) writes `back/<rank>` at the site, the count it
+        came to: from then on the site waits for it again.
+        """
+        suspects, since = self.suspects.get(site, ((), 0))
         if not suspects:
             return False
-        if self.store.check([base + str(q) for q in suspects]):
+        back = [_site_prefix(site) + f"back/{q}" for q in suspects]
+        if self.store.check([base + str(q) for q in suspects]) or (
+            self.store.check(back) and min(int(self._peek(name) or b"0") for name in back) >= since
+        ):
             del self.suspects[site]
             return False
         return True
@@ -237,8 +250,9 @@ class CheckIn:
         ours_n, theirs_n = (int(self._peek(name + "n") or b"0") for name in (base, theirs))
         return ours_n > theirs_n or (ours_n == theirs_n and their_deadline < deadline)
 
-    def _settle(self, site: Site, base: str, verdict: Verdict) -> None:
-        """After the call: remember suspects, and hand this call's keys, and the stale ones, to the janitor."""
+    def _settle(self, site: Site, count: int, verdict: Verdict) -> None:
+        """After the call: suspects, and this call's keys (and a stale verdict) to the janitor."""
+        base = _site_prefix(site) + f"{count}/"
         done = [base + str(self.rank)]
         done += self._stale.pop(site, [])
         if verdict.go:
@@ -246,7 +260,10 @@ class CheckIn:
             if verdict.decider == self.rank:  # the last to arrive: every rank has read `v` by now
                 done += [base + "n", base + "v"]
         else:
-            self.suspects[site] = tuple(q for q in verdict.missing if q != self.rank)
             done.append(base + "n")  # a late rank's `add` may recreate it: that rank deletes it again
             self._stale[site] = [base + "v"]
+            if self.rank in verdict.missing:  # we came late: the others' suspicion of us ends here
+                self.store.set(_site_prefix(site) + f"back/{self.rank}", str(count).encode())
+            elif site not in self.suspects:
+                self.suspects[site] = (verdict.missing, count)
         self.janitor.discard(*done)

@@ -19,7 +19,7 @@ import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-from ..config import CHECK_MARKER_ENV
+from ..config import CHECK_MARKER_ENV, TIMEOUT_ENV
 from . import launch as _launch
 from . import scenarios
 
@@ -41,7 +41,11 @@ DESCRIPTIONS = {
     "exception": "exception(...) inside except",
     "many": "8 in_order calls among plain ones",
     "caller": "caller file/line of the records",
+    "partial": "in_order call on the main process only",
 }
+# The patched job's ACCELERATE_INORDER_TIMEOUT, unless the user set one: `partial` waits that long for
+# the ranks that never make its call, and must end well within the stall watchdog.
+PATCHED_TIMEOUT = 3.0
 
 
 class Outcome:
@@ -184,7 +188,7 @@ class Check:
     def __init__(self, nproc, mode=None, stall=8.0, names=None, say=None, on_start=None):
         self.nproc, self.mode, self.stall = nproc, mode, stall
         self.on_start = on_start or (lambda: None)
-        self.names = list(names or scenarios.SCENARIOS)
+        self.names = list(names or scenarios.CHECK_SCENARIOS)
         self.say = say or (lambda text: None)
         self.check_id = uuid.uuid4().hex
         self.cancelled = threading.Event()
@@ -196,13 +200,19 @@ class Check:
                 return None
             job = _launch.run(
                 _launch.launch_command([_launch.SCENARIO_SCRIPT, ",".join(names)], self.nproc),
-                env=_launch.scenario_env(patched, self.mode, base=env),
+                env=_launch.scenario_env(patched, self.mode, base=self._timeout_env(env)),
                 timeout=HARD_DEADLINE,
                 stall=self.stall,
             )
             if not _address_clash(job):
                 break
         return job
+
+    def _timeout_env(self, env):
+        """`env` with the check-in's timeout bounded below the stall watchdog (a user's own value is kept)."""
+        if TIMEOUT_ENV not in env:
+            env = dict(env, **{TIMEOUT_ENV: f"{min(PATCHED_TIMEOUT, self.stall / 2):g}"})
+        return env
 
     def _unpatched(self, name):
         job = self._launch([name], patched=False)

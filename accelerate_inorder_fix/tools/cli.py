@@ -99,9 +99,9 @@ def build_parser():
     check.add_argument(
         "--scenario",
         action="append",
-        choices=list(scenarios.SCENARIOS),
+        choices=list(scenarios.CHECK_SCENARIOS),
         metavar="NAME",
-        help=f"run only this scenario (repeatable; default: all of {', '.join(scenarios.SCENARIOS)})",
+        help=f"run only this scenario (repeatable; default: all of {', '.join(scenarios.CHECK_SCENARIOS)})",
     )
     check.add_argument("-v", "--verbose", action="store_true", help="explain every verdict, not only failures")
 
@@ -162,7 +162,7 @@ def cmd_check(args):
         if importlib.util.find_spec(name) is None:
             _say(f"check: {name} is not installed for {sys.executable}; nothing to check.")
             return EXIT_FAIL
-    names = args.scenario or list(scenarios.SCENARIOS)
+    names = args.scenario or list(scenarios.CHECK_SCENARIOS)
     _say(
         f"check: {len(names) + 1} jobs of {args.nproc} CPU ranks (torchrun, gloo), run side by side; "
         f"a job silent for {args.timeout:g} s counts as deadlocked and is stopped"

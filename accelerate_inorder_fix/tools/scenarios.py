@@ -127,6 +127,20 @@ def caller(r):
 SCENARIOS = {f.__name__: f for f in (default, all_processes, rank_levels, disabled_odd, exception, many, caller)}
 
 
+def partial(r):
+    """Only the main process makes the call (a user error: in_order calls are collective).
+
+    Patched, it costs the other ranks' absence one `ACCELERATE_INORDER_TIMEOUT` and a warning: `check`
+    runs it with a short timeout; the other users of `SCENARIOS` would wait the default 30 s.
+    """
+    if r.index == 0:
+        r.log.info(r.tag("partial", 1), in_order=True)
+
+
+# What `check` runs: the scenarios, and the user error the check-in bounds.
+CHECK_SCENARIOS = {**SCENARIOS, "partial": partial}
+
+
 # Fault scenarios: user errors and lost ranks, which only gather mode survives (barrier mode hangs,
 # as upstream does). Kept apart so that running "all scenarios" stays safe in every mode.
 
@@ -188,7 +202,7 @@ def _worker(names):
     if patch == "late":
         import accelerate_inorder_fix  # noqa: F401
     for name in names:
-        if SCENARIOS.get(name, FAULT_SCENARIOS.get(name))(rank) == "stop":
+        if {**CHECK_SCENARIOS, **FAULT_SCENARIOS}[name](rank) == "stop":
             return  # the scenario ended the job on this rank (a lost rank: no collective can follow)
         # A collective after every scenario: a rank that skipped or added a barrier shows up here as
         # a hang or a wrong sum, as it would in the user's next training step.
@@ -223,6 +237,8 @@ def _expected_records(name, nproc):
         return [(call, everyone) for call in range(1, MANY_CALLS + 1)]
     if name == "caller":
         return [(1, everyone), (2, everyone)]
+    if name == "partial":
+        return [(1, [0])]
     return [(1, everyone)]
 
 

@@ -100,7 +100,23 @@ def setting_facts():
             else:
                 entry["ignored"] = f"{env}={raw!r} is not valid; using {default}"
         facts[key] = entry
+    facts["mode"]["means"] = MODE_MEANS[facts["mode"]["value"]]
     return facts
+
+
+# What each mode does in a job, for `status` (README "Choosing a mode" says the same at length).
+MODE_MEANS = {
+    "barrier": (
+        "each in_order call checks in through the job's c10d store (torchrun, accelerate launch, any env:// "
+        "job), then runs upstream's barriers only when every rank has made it: a call some ranks skip costs "
+        "at most one timeout and is named; without a c10d store (no default process group, XLA) plain "
+        "barriers run, as upstream"
+    ),
+    "gather": (
+        "each rank's record goes through the job's c10d store to the main process, which prints every "
+        "call's records in rank order; without a c10d store, barrier mode"
+    ),
+}
 
 
 def _same_number(raw, value):
@@ -192,6 +208,8 @@ def render(facts):
         value = f"{entry['value']:g} s" if key == "timeout" else entry["value"]
         source = "default" if entry["source"] == "default" else f"from {entry['source']}"
         lines.append(f"{key}: {value} ({source})" + (f"; note: {entry['ignored']}" if entry.get("ignored") else ""))
+        if entry.get("means"):
+            lines.append(f"  {entry['means']}")
     hook = facts["startup_hook"]
     if not hook["available"]:
         lines.append("start-up hook: not available in this build")
