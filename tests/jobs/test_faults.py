@@ -237,6 +237,25 @@ def test_rank_killed_mid_job_costs_one_timeout():
     assert len(named) == 1 and "rank(s) 3 within" in named[0], named
 
 
+def test_gather_mode_does_not_wait_for_ranks_whose_records_are_disabled():
+    """The non-main ranks' records are disabled (their level): each posts an empty marker instead, so the main
+    process never waits for them. A rank that stopped posting its marker costs the main process a timeout and
+    a "no record from rank" warning at its first call: both fail here, in seconds."""
+    env = env_for("1.15.0", "gather", ACCELERATE_INORDER_TIMEOUT=str(TIMEOUT))
+    job = torchrun(["others_disabled", "plain"], env, nproc=3, timeout=90)
+    assert_ended(job, 60)
+    found = records(job.lines)
+    for call in (1, 2, 3):
+        expect(found, "others_disabled", call, [0])
+    expect(found, "plain", 1, [0, 1, 2])
+    expect(found, "plain", 2, [0, 1, 2])
+    assert not found, sorted(found)
+    assert done(job.lines, "others_disabled") == {0, 1, 2}
+    assert [line for line in job.lines if "no record from rank" in line] == []
+    assert max(results(job.lines, "others_disabled", "seconds").values()) < TIMEOUT / 2, job.lines
+    assert "Traceback" not in job.stderr and "could not" not in job.stderr, job.stderr[-3000:]
+
+
 def test_two_nodes_disagreeing_on_mode_use_the_main_process_mode(tmp_path):
     """`ACCELERATE_INORDER_MODE=gather` exported on node 1 only: barrier mode everywhere, node 1's ranks say so."""
     port = _launch.free_port()
