@@ -194,6 +194,14 @@ def others_disabled(r):
     logging.getLogger(LOGGER).setLevel(logging.DEBUG)
 
 
+def skips_one(r):
+    """Five in_order calls from one call site; rank 1 skips the second (a user error)."""
+    for call in range(1, 6):
+        if r.index == 1 and call == 2:
+            continue
+        r.log.info(f"skips_one#{call} r{r.index}", in_order=True)
+
+
 def never_reached(r):
     """A call site the main process never reaches: those records come out at the main process's exit."""
     if r.index != 0:
@@ -259,6 +267,7 @@ CASES = {
         unrebuildable,
         slow_rank,
         others_disabled,
+        skips_one,
         never_reached,
         killed,
         forked,
