@@ -6,7 +6,10 @@ is not a body it was tested against. wrapt's post-import hook applies a patch as
 accelerate is imported.
 
 Only the wrapper this object installed counts as "patched": another library may wrap `log` with wrapt
-too, above or below ours, and is neither mistaken for us nor removed by `unpatch()`.
+too, above or below ours, and is neither mistaken for us nor removed by `unpatch()`. Ours can be taken
+out from beneath a wrapt proxy (its `__wrapped__` is what it calls), not from beneath a plain function
+(a `functools.wraps` wrapper calls ours through its closure, whatever its `__wrapped__` says): there
+`unpatch()` leaves ours in place, `is_patched()` stays True, and one warning says so.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import wrapt
 
@@ -24,6 +27,8 @@ from .config import check_switches, switch
 
 
 TARGET_MODULE = "accelerate.logging"
+# What every wrapt wrapper is: `BaseObjectProxy` from wrapt 2 (where `ObjectProxy` is a subclass of it).
+_WRAPT_PROXY: type = getattr(wrapt, "BaseObjectProxy", wrapt.ObjectProxy)
 
 
 class UnknownAccelerateWarning(UserWarning):
@@ -40,11 +45,19 @@ def _accelerate_version() -> str:
     return str(getattr(module, "__version__", "unknown"))
 
 
-def _wrapper_chain(obj: Any):
-    """`obj`, then what it wraps (`__wrapped__`), and so on: wrapt's wrappers and functools' alike."""
+def _wrapper_chain(obj: Any) -> Iterator[Any]:
+    """`obj`, then what it wraps (`__wrapped__`), and so on: wrapt's wrappers and functools' alike.
+
+    A wrapper made around `MultiProcessAdapter.log` (not the class's own entry) wraps wrapt's *bound*
+    wrapper of it: the chain goes on through the wrapper it was bound from (`_self_parent`).
+    """
     seen = set()
     while obj is not None and id(obj) not in seen:
         seen.add(id(obj))
+        parent = getattr(obj, "_self_parent", None) if isinstance(obj, _WRAPT_PROXY) else None
+        if parent is not None:
+            obj = parent
+            continue
         yield obj
         obj = getattr(obj, "__wrapped__", None)
 
@@ -58,6 +71,7 @@ class Patcher:
         self._force = False
         self._hook_registered = False
         self._warned = False
+        self._warned_stuck = False
         self._installed: Optional[wrapt.FunctionWrapper] = None
 
     def _ours_in(self, cls: type) -> bool:
@@ -111,9 +125,25 @@ class Patcher:
             index = next(i for i, w in enumerate(chain) if w is ours)
             if index == 0:
                 setattr(cls, "log", ours.__wrapped__)
-            else:  # another wrapper sits above ours: splice ours out beneath it
+            elif isinstance(chain[index - 1], _WRAPT_PROXY):  # calls what `__wrapped__` holds: splice
                 chain[index - 1].__wrapped__ = ours.__wrapped__
+            else:
+                self._warn_stuck(chain[index - 1])
+                return
             self._installed = None
+            self._warned_stuck = False
+
+    def _warn_stuck(self, above: Any) -> None:
+        if self._warned_stuck:
+            return
+        self._warned_stuck = True
+        warnings.warn(
+            f"accelerate-inorder-fix: unpatch() cannot take its wrapper out from beneath {above!r}, which is "
+            "not a wrapt proxy and calls it directly; the fix stays active (remove that wrapper first, then "
+            "call unpatch() again).",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def is_patched(self) -> bool:
         cls = _adapter_class()
@@ -138,7 +168,9 @@ def patch(force: bool = False) -> None:
 def unpatch() -> None:
     """Restore the original `MultiProcessAdapter.log` and cancel a pending patch.
 
-    Only this package's own wrapper is removed; another library's wrapper on `log` stays.
+    Only this package's own wrapper is removed; another library's wrapper on `log` stays. Beneath a
+    wrapper that is not a wrapt proxy (a plain `functools.wraps` function) ours cannot be taken out:
+    it stays, `is_patched()` stays True, and one `RuntimeWarning` says so.
     """
     PATCHER.unpatch()
 

@@ -9,6 +9,8 @@ BIN=${AIF_VENV:-.venv}/bin
 "$BIN/ruff" check .
 "$BIN/ruff" format --check .
 "$BIN/lint-imports"
+# The oldest Python claimed (requires-python): the package, its tests and benchmarks use nothing newer.
+"$BIN/vermin" -t=3.9- --no-tips --violations --eval-annotations -q accelerate_inorder_fix tests benchmarks _accelerate_inorder_fix_startup.py
 status=0
 "$BIN/python" -m pytest "$@" || status=$?
 if [ "$status" = 5 ]; then

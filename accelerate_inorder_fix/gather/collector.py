@@ -2,7 +2,10 @@
 
 A call is named by its *identity*: the call site plus how many times this rank has called from that
 site. Every rank computes it alone, so records pair up by what the user wrote, not by arrival order:
-a rank that skips one call (a user error) shifts nothing but that one call.
+a rank that skips a call at one site (a user error) shifts nothing at other sites, but at that site its
+later calls are counted one lower: each of its later records goes out in the block of the call before
+(its 3rd call in the block of call 2, ...), and only the main process's last call there names it missing
+(as measured on a real job: tests/jobs/test_faults.py).
 
 For its own call `identity`, the main process takes each other rank's queue in order until it finds
 that rank's record of `identity`, or the deadline passes. Records met on the way belong elsewhere:

@@ -83,6 +83,8 @@ def judge(name, nproc, job):
         "caller": "wrong caller",
         "traceback": "traceback misplaced",
         "prefix": "wrong [RANK n] prefix",
+        "warning": "a rank reported missing",
+        "slow": "call too slow",
     }
     return Outcome(words.get(verdict, verdict), detail, ok=verdict == "ordered")
 

@@ -9,8 +9,14 @@ Every record carries its own expected call site (`at=func:line`); the log format
 one (`@@func:line`) and the rank of the process that wrote the line (`by=rN`): in gather mode the main
 process writes every record, so `writers` shows which path ran. Before each in_order call the low ranks sleep longest, so an unordered
 implementation prints the ranks in reverse: the order checks cannot pass by luck.
+
+Every rank calls in these scenarios, so no rank may be reported missing and no call may take long: each
+rank times its in_order calls and reports its slowest (`slowest_call`); `check` fails a run with a
+"no record from rank" warning or a call slower than `call_bound(nproc)`, well below gather mode's
+timeout, so a rank that stops posting its empty marker shows at once, not through a watchdog.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +24,8 @@ import sys
 
 
 STAGGER_SECONDS = 0.15
+# A call waits at most for the rank that sleeps longest (barrier mode), plus this much scheduling noise.
+CALL_SLACK_SECONDS = 5.0
 LOGGER_NAME = "aif.scenarios"
 DONE = "@@DONE"
 RESULT = "@@RESULT"
@@ -38,6 +46,18 @@ class Rank:
 
     def __init__(self, index, size, log):
         self.index, self.size, self.log = index, size, log
+        self.slowest_call = 0.0
+
+    @contextlib.contextmanager
+    def timed(self):
+        """Around an in_order call (a `with`, not a wrapper: the call's own frame stays the caller)."""
+        import time
+
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.slowest_call = max(self.slowest_call, time.monotonic() - start)
 
     def stagger(self):
         """Sleep longest on rank 0, nothing on the last rank (test-side only)."""
@@ -63,12 +83,14 @@ class Rank:
 
 def default(r):
     r.stagger()
-    r.log.info(r.tag("default", 1), in_order=True)
+    with r.timed():
+        r.log.info(r.tag("default", 1), in_order=True)
 
 
 def all_processes(r):
     r.stagger()
-    r.log.info(r.tag("all_processes", 1), main_process_only=False, in_order=True)
+    with r.timed():
+        r.log.info(r.tag("all_processes", 1), main_process_only=False, in_order=True)
 
 
 def rank_levels(r):
@@ -76,10 +98,12 @@ def rank_levels(r):
 
     logging.getLogger(LOGGER_NAME).setLevel(logging.INFO if r.index == 0 else logging.WARNING)
     r.stagger()
-    r.log.info(r.tag("rank_levels", 1), in_order=True)
+    with r.timed():
+        r.log.info(r.tag("rank_levels", 1), in_order=True)
     r.result("rank_levels", "sum", r.all_reduce_sum())
     r.stagger()
-    r.log.warning(r.tag("rank_levels", 2), in_order=True)
+    with r.timed():
+        r.log.warning(r.tag("rank_levels", 2), in_order=True)
     logging.getLogger(LOGGER_NAME).setLevel(logging.DEBUG)
 
 
@@ -89,11 +113,13 @@ def disabled_odd(r):
     if r.index % 2:
         logging.disable(logging.INFO)
     r.stagger()
-    r.log.info(r.tag("disabled_odd", 1), in_order=True)
+    with r.timed():
+        r.log.info(r.tag("disabled_odd", 1), in_order=True)
     r.result("disabled_odd", "sum", r.all_reduce_sum())
     logging.disable(logging.NOTSET)
     r.stagger()
-    r.log.info(r.tag("disabled_odd", 2), in_order=True)
+    with r.timed():
+        r.log.info(r.tag("disabled_odd", 2), in_order=True)
 
 
 def exception(r):
@@ -101,7 +127,8 @@ def exception(r):
         raise ValueError(f"boom r{r.index}")
     except ValueError:
         r.stagger()
-        r.log.exception(r.tag("exception", 1), in_order=True)
+        with r.timed():
+            r.log.exception(r.tag("exception", 1), in_order=True)
 
 
 MANY_CALLS = 8
@@ -114,13 +141,15 @@ def many(r):
             r.log.info(f"plain everywhere {call} r{r.index}", main_process_only=False)
         if call % 2:
             r.stagger()
-        r.log.info(r.tag("many", call), in_order=True)
+        with r.timed():
+            r.log.info(r.tag("many", call), in_order=True)
 
 
 def caller(r):
     # Only the call sites are checked here, not the order (the other scenarios do that), so the
     # call-site bug of 0.20-0.30.0 shows on its own.
-    r.log.warning(r.tag("caller", 1), main_process_only=False, in_order=True)
+    with r.timed():
+        r.log.warning(r.tag("caller", 1), main_process_only=False, in_order=True)
     r.log.warning(r.tag("caller", 2), main_process_only=False)
 
 
@@ -207,6 +236,8 @@ def _worker(names):
         # A collective after every scenario: a rank that skipped or added a barrier shows up here as
         # a hang or a wrong sum, as it would in the user's next training step.
         rank.result(name, "sum", rank.all_reduce_sum())
+        rank.result(name, "slowest_call", round(rank.slowest_call, 3))
+        rank.slowest_call = 0.0
         _say(f"{DONE} {name} r{rank.index}")
     # Tear the process group down explicitly: left to interpreter exit, gloo's threads can abort the
     # process ("terminate called without an active exception") while a peer is still connected.
@@ -273,12 +304,18 @@ def done_ranks(lines, name):
     return {int(line.split()[2][1:]) for line in lines if line.startswith(f"{DONE} {name} ")}
 
 
+def call_bound(nproc):
+    """The longest an in_order call of these scenarios may take on `nproc` ranks, every rank calling."""
+    return STAGGER_SECONDS * (nproc - 1) + CALL_SLACK_SECONDS
+
+
 def check(name, nproc, lines):
     """Verdict for one scenario: ('ordered', '') or (problem, detail).
 
     Problems: 'deadlock' (not every rank finished), 'desync' (a collective after the call paired
-    wrongly), 'unordered', 'missing', 'caller' (wrong call site), 'prefix' (a `[RANK n]` prefix that
-    names another rank), 'traceback'.
+    wrongly), 'warning' (a rank reported missing: every rank calls here), 'unordered', 'missing',
+    'caller' (wrong call site), 'prefix' (a `[RANK n]` prefix that names another rank), 'traceback',
+    'slow' (a call slower than `call_bound`).
     """
     finished = done_ranks(lines, name)
     if finished != set(range(nproc)):
@@ -290,6 +327,9 @@ def check(name, nproc, lines):
             got = json.loads(line.split("sum=", 1)[1])
             if got != want_sum:
                 return "desync", f"all_reduce gave {got}, expected {want_sum}"
+    named = _named_missing(lines, name)
+    if named:
+        return "warning", f"a rank was reported missing, though every rank calls: {named}"
     records = parse(lines, name)
     wanted = [(call, rank) for call, ranks in _expected_records(name, nproc) for rank in ranks]
     got = [(call, rank) for call, rank, *_ in records]
@@ -306,7 +346,31 @@ def check(name, nproc, lines):
             tail = next((line for line in block if line.startswith("ValueError")), None)
             if not block or not block[0].startswith("Traceback") or tail != f"ValueError: boom r{rank}":
                 return "traceback", f"record of rank {rank} is not followed by its own traceback"
+    slow = _slowest_calls(lines, name)
+    if slow and max(slow.values()) > call_bound(nproc):
+        return "slow", f"slowest in_order call per rank {slow} s, bound {call_bound(nproc):g} s"
     return "ordered", ""
+
+
+def _named_missing(lines, name):
+    """The first "no record from rank" warning about scenario `name`'s calls (or about no call), else None."""
+    functions = {*SCENARIOS, *FAULT_SCENARIOS}
+    for line in lines:
+        if _WARNING.search(line):
+            about = {f for f in functions if f" in {f} (call " in line}
+            if name in about or not about:
+                return line
+    return None
+
+
+def _slowest_calls(lines, name):
+    """{rank: its slowest in_order call of scenario `name`, seconds} from the ranks' results."""
+    prefix, found = f"{RESULT} {name} r", {}
+    for line in lines:
+        if line.startswith(prefix) and " slowest_call=" in line:
+            rank, value = line[len(prefix) :].split(" slowest_call=", 1)
+            found[int(rank)] = json.loads(value)
+    return found
 
 
 def _site_or_prefix_problem(records, lines, name):

@@ -237,6 +237,45 @@ def test_rank_killed_mid_job_costs_one_timeout():
     assert len(named) == 1 and "rank(s) 3 within" in named[0], named
 
 
+def test_gather_mode_does_not_wait_for_ranks_whose_records_are_disabled():
+    """The non-main ranks' records are disabled (their level): each posts an empty marker instead, so the main
+    process never waits for them. A rank that stopped posting its marker costs the main process a timeout and
+    a "no record from rank" warning at its first call: both fail here, in seconds."""
+    env = env_for("1.15.0", "gather", ACCELERATE_INORDER_TIMEOUT=str(TIMEOUT))
+    job = torchrun(["others_disabled", "plain"], env, nproc=3, timeout=90)
+    assert_ended(job, 60)
+    found = records(job.lines)
+    for call in (1, 2, 3):
+        expect(found, "others_disabled", call, [0])
+    expect(found, "plain", 1, [0, 1, 2])
+    expect(found, "plain", 2, [0, 1, 2])
+    assert not found, sorted(found)
+    assert done(job.lines, "others_disabled") == {0, 1, 2}
+    assert [line for line in job.lines if "no record from rank" in line] == []
+    assert max(results(job.lines, "others_disabled", "seconds").values()) < TIMEOUT / 2, job.lines
+    assert "Traceback" not in job.stderr and "could not" not in job.stderr, job.stderr[-3000:]
+
+
+def test_gather_mode_a_skipped_call_shifts_that_ranks_later_records_back_one_block():
+    """What README and the collector say a skipped call does (a call is named by its site and its count there):
+    rank 1 skips call 2 of 5 from one site, so its n-th call from there is the job's call n + 1. Each of its later
+    records comes out, once, in the block of the call before, and only the last call names it missing."""
+    env = env_for("1.15.0", "gather", ACCELERATE_INORDER_TIMEOUT=str(TIMEOUT))
+    job = torchrun(["skips_one"], env, nproc=3, timeout=90)
+    assert_ended(job, 60)
+    blocks = [(int(m["call"]), int(m["rank"])) for m in map(RECORD.match, job.lines) if m and m["case"] == "skips_one"]
+    assert blocks == [
+        (1, 0), (1, 1), (1, 2),
+        (2, 0), (3, 1), (2, 2),
+        (3, 0), (4, 1), (3, 2),
+        (4, 0), (5, 1), (4, 2),
+        (5, 0), (5, 2),
+    ], blocks  # fmt: skip
+    named = [line for line in job.lines if "no record from rank(s)" in line]
+    assert len(named) == 1 and "rank(s) 1 within" in named[0] and "(call 5 from there)" in named[0], named
+    assert done(job.lines, "skips_one") == {0, 1, 2}
+
+
 def test_two_nodes_disagreeing_on_mode_use_the_main_process_mode(tmp_path):
     """`ACCELERATE_INORDER_MODE=gather` exported on node 1 only: barrier mode everywhere, node 1's ranks say so."""
     port = _launch.free_port()

@@ -69,3 +69,32 @@ def test_bench_calls_the_benchmarks_main_with_the_rest_of_the_line(monkeypatch, 
     assert cli.main(["bench", "--", "--help"]) == cli.EXIT_OK
     out = capsys.readouterr().out
     assert "bench table ['--nproc', '2']" in out and "bench table ['--help']" in out
+
+
+def test_a_rank_reported_missing_fails_the_scenario_though_every_record_came():
+    """Every rank calls in these scenarios: a "no record from rank" warning means a rank's record or empty
+    marker did not come in time (records that arrive later still make the scenario look complete)."""
+    warning = (
+        "accelerate-inorder-fix: in_order call at /x/scenarios.py:80 in default (call 1 from there): "
+        "no record from rank(s) 1 within 30 s (ACCELERATE_INORDER_TIMEOUT); the other ranks' records are above"
+    )
+    lines = _lines("default", 2)
+    assert scenarios.check("default", 2, lines) == ("ordered", "")
+    verdict, detail = scenarios.check("default", 2, [*lines[:1], warning, *lines[1:]])
+    assert verdict == "warning" and "rank(s) 1" in detail
+    outcome = _check.judge("default", 2, Job([*lines[:1], warning, *lines[1:]], "", 0, None, 1.0))
+    assert (outcome.word, outcome.ok) == ("a rank reported missing", False)
+    # A warning about another scenario's call fails that scenario, not this one.
+    other = warning.replace(" in default (", " in many (")
+    assert scenarios.check("default", 2, [*lines, other]) == ("ordered", "")
+
+
+def test_a_call_slower_than_its_bound_fails_the_scenario():
+    bound = scenarios.call_bound(2)
+    assert bound < 10  # well below gather mode's default timeout (30 s): a missing marker costs that much
+    timed = [f"{scenarios.RESULT} default r{r} slowest_call={seconds}" for r, seconds in ((0, 0.2), (1, 0.1))]
+    assert scenarios.check("default", 2, _lines("default", 2) + timed) == ("ordered", "")
+    timed[0] = f"{scenarios.RESULT} default r0 slowest_call={bound + 0.5}"
+    verdict, detail = scenarios.check("default", 2, _lines("default", 2) + timed)
+    assert verdict == "slow" and "0:" in detail, detail
+    assert _check.judge("default", 2, Job(_lines("default", 2) + timed, "", 0, None, 1.0)).word == "call too slow"

@@ -1,11 +1,16 @@
 """Promise: `is_patched()` and `unpatch()` know only this package's own wrapper. Another library's wrapt wrapper on
-`MultiProcessAdapter.log`, below or above ours, is neither taken for ours nor removed, and keeps working.
+`MultiProcessAdapter.log`, below or above ours, is neither taken for ours nor removed, and keeps working. Beneath a
+plain `functools.wraps` wrapper, which calls ours through its closure, ours cannot be spliced out: `unpatch()` leaves
+it, `is_patched()` stays True (it still runs), and one warning says so.
 
 In-process against the installed accelerate, one process (no ranks): a single-process `PartialState`, so both
 wrappers and upstream's body really run.
 """
 
+import functools
 import logging
+import warnings
+from typing import Any, Callable
 
 import pytest
 import wrapt
@@ -13,6 +18,7 @@ from accelerate import PartialState
 from accelerate.logging import MultiProcessAdapter, get_logger
 
 import accelerate_inorder_fix as fix
+from accelerate_inorder_fix import _wrapper
 
 
 class Theirs:
@@ -109,3 +115,66 @@ def test_patch_twice_installs_one_wrapper(adapter):
     fix.unpatch()
     fix.unpatch()
     assert not isinstance(MultiProcessAdapter.__dict__["log"], wrapt.FunctionWrapper)
+
+
+def _plain_wrapper_above(calls: list[str]) -> Callable[..., Any]:
+    """Another library's instrumentation without wrapt: a `functools.wraps` function around `MultiProcessAdapter.log`."""
+    inner = MultiProcessAdapter.log
+
+    @functools.wraps(inner)
+    def log(self: MultiProcessAdapter, *args: Any, **kwargs: Any) -> Any:
+        calls.append("theirs")
+        return inner(self, *args, **kwargs)
+
+    MultiProcessAdapter.log = log
+    return log
+
+
+@pytest.fixture
+def ours_ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each in_order record our wrapper emits (its `_emit`, which upstream's body never calls)."""
+    seen: list[str] = []
+    real = _wrapper._emit
+
+    def spy(adapter: Any, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
+        seen.append(str(msg))
+        real(adapter, level, msg, args, kwargs)
+
+    monkeypatch.setattr(_wrapper, "_emit", spy)
+    return seen
+
+
+def test_unpatch_beneath_a_plain_wrapper_leaves_ours_running_and_says_so_once(adapter, caplog, ours_ran):
+    fix.patch()
+    ours = MultiProcessAdapter.__dict__["log"]
+    calls: list[str] = []
+    plain = _plain_wrapper_above(calls)
+    with pytest.warns(RuntimeWarning, match="cannot take its wrapper out") as caught:
+        fix.unpatch()
+    assert len(caught) == 1 and caught[0].filename == __file__  # the warning points at the unpatch() call
+    assert MultiProcessAdapter.__dict__["log"] is plain and fix.is_patched() is True
+    adapter.info("still fixed", in_order=True)
+    assert calls == ["theirs"] and ours_ran == ["still fixed"] and _messages(caplog) == ["still fixed"]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second unpatch() changes nothing and does not warn again
+        fix.unpatch()
+    assert fix.is_patched() is True
+
+    MultiProcessAdapter.log = ours  # the other library removes its wrapper: ours is on top again
+    fix.unpatch()
+    assert fix.is_patched() is False
+    adapter.info("upstream again", in_order=True)
+    assert ours_ran == ["still fixed"] and _messages(caplog)[-1] == "upstream again"
+
+
+def test_unpatch_beneath_a_wrapt_wrapper_splices_ours_out(adapter, caplog, ours_ran):
+    fix.patch()
+    theirs = Theirs()
+    outer = theirs.install()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fix.unpatch()
+    assert fix.is_patched() is False and MultiProcessAdapter.__dict__["log"] is outer
+    adapter.info("theirs only", in_order=True)
+    assert ours_ran == [] and theirs.calls == 1 and _messages(caplog) == ["theirs only"]

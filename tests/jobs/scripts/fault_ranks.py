@@ -182,6 +182,26 @@ def slow_rank(r):
     r.log.info(f"slow_rank#2 r{r.index}", in_order=True)
 
 
+def others_disabled(r):
+    """Only the main process has its records enabled: the others post empty markers, which nobody may wait for."""
+    logging.getLogger(LOGGER).setLevel(logging.INFO if r.index == 0 else logging.WARNING)
+    slowest = 0.0
+    for call in range(1, 4):
+        start = time.monotonic()
+        r.log.info(f"others_disabled#{call} r{r.index}", in_order=True)
+        slowest = max(slowest, time.monotonic() - start)
+    r.result("others_disabled", "seconds", round(slowest, 3))
+    logging.getLogger(LOGGER).setLevel(logging.DEBUG)
+
+
+def skips_one(r):
+    """Five in_order calls from one call site; rank 1 skips the second (a user error)."""
+    for call in range(1, 6):
+        if r.index == 1 and call == 2:
+            continue
+        r.log.info(f"skips_one#{call} r{r.index}", in_order=True)
+
+
 def never_reached(r):
     """A call site the main process never reaches: those records come out at the main process's exit."""
     if r.index != 0:
@@ -246,6 +266,8 @@ CASES = {
         threads,
         unrebuildable,
         slow_rank,
+        others_disabled,
+        skips_one,
         never_reached,
         killed,
         forked,
