@@ -1,4 +1,4 @@
-"""Every rank makes CALLS in_order calls in gather mode; rank 0 also reports the store's key count.
+"""Every rank makes CALLS in_order calls in MODE (gather unless told); rank 0 also reports the store's key count.
 
 Each rank's handler prefixes its lines with its own rank (`h<rank>`), so a record printed by the
 main process's handler reads `h0 ...` whatever rank made it: that shows gather mode ran (in barrier
@@ -6,7 +6,10 @@ mode each rank prints its own). The last rank is slow before every 10th call, so
 waits for it there. A barrier after each call stands for a training step's collective. After calls
 16 and CALLS rank 0 prints how many keys the job's store holds.
 
-    torchrun --nproc_per_node 16 gather_many_ranks.py [CALLS]
+In barrier mode each rank waits, before each count, until its check-in's deletes have run (they run
+in a thread of their own), so the count is of what the protocol leaves, not of what is in flight.
+
+    torchrun --nproc_per_node 16 gather_many_ranks.py [CALLS] [MODE]
 """
 
 import logging
@@ -18,6 +21,7 @@ import accelerate_inorder_fix
 
 
 CALLS = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+MODE = sys.argv[2] if len(sys.argv) > 2 else "gather"
 
 
 def say(line):
@@ -31,7 +35,7 @@ def main():
     from accelerate.logging import get_logger
     from torch.distributed import distributed_c10d
 
-    accelerate_inorder_fix.configure(mode="gather")
+    accelerate_inorder_fix.configure(mode=MODE)
     state = PartialState(cpu=True)
     rank = state.process_index
     handler = logging.StreamHandler(sys.stdout)
@@ -51,6 +55,7 @@ def main():
         in_order_seconds += time.perf_counter() - start
         dist.barrier()  # a training step's collective: no rank runs far ahead of the main process
         if call in (16, CALLS):
+            _settle_check_in()
             dist.barrier()  # every rank has posted (and cleaned up after) this call
             if rank == 0:
                 say(f"@@KEYS after={call} keys={distributed_c10d._get_default_store().num_keys()}")
@@ -59,6 +64,15 @@ def main():
         say(f"@@MAIN ms_per_call={1e3 * in_order_seconds / CALLS:.2f}")  # for the benchmark notes only
     say(f"@@DONE r{rank}")
     dist.destroy_process_group()
+
+
+def _settle_check_in():
+    """Barrier mode: wait (bounded) until this rank's check-in deletes have run."""
+    from accelerate_inorder_fix.gather import GATHER
+
+    side = GATHER._checkin  # test-only look inside: the session's check-in, if barrier mode made one
+    if side is not None and not side.janitor.idle(10.0):
+        say(f"@@JANITOR busy r{side.rank}")
 
 
 if __name__ == "__main__":
