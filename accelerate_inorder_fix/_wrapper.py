@@ -46,12 +46,16 @@ def _barrier(state) -> bool:
     return True
 
 
-def _in_turns(state, adapter, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
-    """Barrier mode: N turns, every rank at every barrier; a rank emits in its own turn."""
+def _in_turns(state, adapter, level: int, msg: Any, args: tuple, kwargs: dict, first_turn: int) -> None:
+    """Barrier mode: a rank emits in its own turn, and every rank takes the barrier after each turn.
+
+    Rank 0 has emitted before the check-in; turns start at `first_turn` (1 when the check-in stood for
+    the barrier after rank 0's turn).
+    """
     _callsite.one_frame_deeper(kwargs)  # `_emit` is called from here, not from the wrapper
     rank = state.process_index
-    for turn in range(state.num_processes):
-        if turn == rank:
+    for turn in range(first_turn, state.num_processes):
+        if turn == rank and rank != 0:
             _emit(adapter, level, msg, args, kwargs)
         if not _barrier(state):
             if turn < rank:  # our turn has not come: emit unordered rather than lose the record
@@ -106,11 +110,16 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
             if gather.mode(state, settings) == "gather":
                 gather.log(state, instance, level, msg, rest, kwargs, site)
                 return None
-            go, settle = gather.check_in(state, settings, site)
-            if go:
-                _in_turns(state, instance, level, msg, rest, kwargs)
-            else:  # some rank will not come (the check-in said so): nobody enters a barrier of this call
+            # Rank 0's turn is first whatever the verdict: it emits before it checks in, so that a `go`,
+            # which every rank reads after rank 0's check-in, also says rank 0's record is out.
+            if state.process_index == 0:
                 _emit(instance, level, msg, rest, kwargs)
+            verdict, settle = gather.check_in(state, settings, site)
+            if verdict == "skip":  # some rank will not come: nobody enters a barrier of this call
+                if state.process_index != 0:
+                    _emit(instance, level, msg, rest, kwargs)
+            else:
+                _in_turns(state, instance, level, msg, rest, kwargs, first_turn=1 if verdict == "go" else 0)
             settle()
         return None
 

@@ -3,38 +3,43 @@
 Barrier mode is N turns of `wait_for_everyone()`: a collective. A rank that does not make the call
 (`if accelerator.is_main_process:`, a skipped iteration) leaves the others in a barrier that its own
 next collective pairs with: the job hangs, or desynchronises. So each rank first checks in under the
-call's identity (its call site and the per-site count, as gather mode pairs records), and one atomic
-verdict per call decides for every rank:
+call's identity (its call site and the per-site count, as gather mode pairs records), and one verdict
+per call decides for every rank:
 
-- `go`: every rank checked in, so every rank will enter each barrier of the call;
+- `go`: every rank checked in, so every rank will enter each barrier of the call (and the check-in
+  itself stands for the barrier after rank 0's turn: rank 0 emits before it checks in);
 - `skip`: `ACCELERATE_INORDER_TIMEOUT` passed first. Nobody enters a barrier of this call; each rank
   that made it emits its record at once. The verdict names the ranks that had not checked in.
 
 The protocol, keys under `accelerate_inorder_fix/b/<site>/<count>/` (N ranks, deadline T)::
 
-    rank r                                               store
-    ------                                               -----
-    set <r>                        (presence; no reply)  <r> exists
-    add n 1                        -> a, r's arrival order
-    a == N:  compare_set v "" "go r"   -> the verdict    v = go      (first writer wins)
-    a <  N:  get v                 (blocks until T)  -> the verdict
-             T passed: check <q>, each q               -> who is missing
-                       compare_set v "" "skip d q,.." -> the verdict v = skip   (first writer wins)
-    follow v; then, off the call path, delete <r> (and n, v where r wrote v)
+    rank r                                          store
+    ------                                          -----
+    append who "r,"         (no reply)              who: the ranks that checked in
+    add n 1                 -> a                    n counts arrivals; GIVE_UP is added to give up
+    a == N:          set v "go r"   (no reply)      the verdict: every rank is here
+    a >  GIVE_UP:    get v          (at once)       the call was given up before r came
+    otherwise:       get v          (blocks until T; r's wait is published in busy/<r>)
+      T passed:      add n GIVE_UP  -> g
+                     g % GIVE_UP >= N: go           (the last arrival came first: its `go` is on its way)
+                     else: read who, set v "skip r <missing>"
+    follow v; then, off the call path, the writer of `go` deletes n, who and v
 
-`compare_set` on an absent key writes it only once, so whoever decides, every rank reads the same
-verdict: ranks never split. A rank that arrives after a `skip` reads it at once and follows it.
+The verdict is decided by the order of the `add`s on one key, which the store serialises: `go` when the
+N-th arrival comes before any give-up, `skip` otherwise. Whoever writes `v`, every rank reads the same
+kind of verdict, so ranks never split; only the first to give up (its `add` returned the first
+GIVE_UP) warns. A rank that arrives after a `skip` reads it at once.
 
 Suspects. A call site that some ranks never reach (a main-only call in a loop) would cost a timeout
-per call. So the ranks a `skip` named are suspects at that site: a later call there checks, without
-waiting, whether they have checked in, and decides `skip` at once if not. A suspect that checks in
-there, even late, ends it: the next call there waits for it again. One timeout and one warning per
-site, not per call.
+per call. So the ranks a `skip` named are suspects at that site: a later call there looks, without
+waiting, whether they have checked in, and gives up at once if not. A suspect that checks in there,
+even late, ends it (`back/<rank>` at the site): the next call there waits for it again. One timeout
+and one warning per site, not per call.
 
-Clean-up. A `go`'s keys are deleted after its barriers, when every rank has read the verdict. A
-`skip`'s verdict stays for late ranks until the next verdict at its site. Deletes run on the process
-group's own store connection, in a thread of their own (`Janitor`), so that no call waits for them.
-The store holds a few keys per call site plus the presence keys of calls in progress.
+Clean-up. A `go`'s keys are deleted after its barriers, when every rank has read the verdict; a `skip`'s
+when the same rank follows the next verdict at that site (late ranks find it until then). Deletes run
+in a thread of their own (`Janitor`), on the process group's own store connection, so that no call
+waits for them. The store holds a few keys per call site and one `busy` key per rank.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ Site = tuple[str, str, int]  # (file name, function, line) of the user's call: t
 
 GO = b"go"
 SKIP = b"skip"
+GIVE_UP = 1 << 32  # added to a call's arrival count by a rank that gives up on it
 BUSY = "b/busy/"  # + rank: "<call's key prefix> <deadline, epoch s> wait|done|gaveup": the rank's last wait
 _UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
@@ -157,14 +163,15 @@ class CheckIn:
         """Check in for call `count` at `site`; the verdict, and what to call once it has been followed."""
         base = _site_prefix(site) + f"{count}/"
         store = self.store
-        store.set(base + str(self.rank), b"")
+        store.append(base + "who", b"%d," % self.rank)
         arrived = store.add(base + "n", 1)
         if arrived == self.world_size:
-            verdict = self._decide(base, Verdict(True, self.rank))
-        elif self._suspects_away(site, base):
-            verdict = self._decide(base, Verdict(False, self.rank, self.suspects[site][0]))
-        else:
+            verdict = Verdict(True, self.rank)
+            store.set(base + "v", verdict.encode())
+        elif arrived > GIVE_UP or not self._suspects_away(site, base):
             verdict = self._await(base, timeout)
+        else:
+            verdict = self._give_up(base, self.suspects[site][0])
         return verdict, lambda: self._settle(site, count, verdict)
 
     def _suspects_away(self, site: Site, base: str) -> bool:
@@ -177,29 +184,41 @@ class CheckIn:
         if not suspects:
             return False
         back = [_site_prefix(site) + f"back/{q}" for q in suspects]
-        if self.store.check([base + str(q) for q in suspects]) or (
+        if set(suspects) <= self._checked_in(base) or (
             self.store.check(back) and min(int(self._peek(name) or b"0") for name in back) >= since
         ):
             del self.suspects[site]
             return False
         return True
 
-    def _decide(self, base: str, mine: Verdict) -> Verdict:
-        """Write `mine` unless a verdict is there already; the one that stands."""
-        return Verdict.decode(bytes(self.store.compare_set(base + "v", "", mine.encode())))
+    def _give_up(self, base: str, missing: Optional[tuple[int, ...]] = None) -> Verdict:
+        """Add GIVE_UP to the arrivals; `go` if every rank had arrived first, else write and return `skip`."""
+        total = self.store.add(base + "n", GIVE_UP)
+        if total % GIVE_UP >= self.world_size:  # the last arrival came first: its `go` stands
+            return Verdict(True, -1)
+        if missing is None:
+            missing = tuple(sorted(set(range(self.world_size)) - self._checked_in(base)))
+        first = total // GIVE_UP == 1  # only the first to give up writes the verdict and speaks for it
+        verdict = Verdict(False, self.rank if first else -1, missing)
+        if first:
+            self.store.set(base + "v", verdict.encode())
+        return verdict
+
+    def _checked_in(self, base: str) -> set[int]:
+        return {int(q) for q in self._peek(base + "who").split(b",") if q.isdigit()}
 
     def _await(self, base: str, timeout: float) -> Verdict:
-        """Wait for the verdict; past the deadline, decide `skip` -- after one more timeout at most
-        when a missing rank is held up by a check-in elsewhere that should give way (`_outlast`)."""
+        """Wait for the verdict; past the deadline give up -- after one more timeout at most when a
+        missing rank is held up by a check-in elsewhere that should give way (`_outlast`)."""
         start = time.time()
         deadline = start + timeout
         self._publish_wait(base, deadline, b"wait")
         verdict = self._get(base + "v", deadline)
-        if verdict is None and self._outlast(base, self._missing(base), start, deadline):
+        if verdict is None and self._outlast(base, start, deadline):
             verdict = self._get(base + "v", deadline + timeout)
         if verdict is None:
             self._publish_wait(base, deadline, b"gaveup")
-            return self._decide(base, Verdict(False, self.rank, self._missing(base)))
+            return self._give_up(base)
         self._publish_wait(base, deadline, b"done")
         return verdict
 
@@ -219,10 +238,7 @@ class CheckIn:
         blob = bytes(self.store.compare_set(name, _UNSET, _UNSET))
         return b"" if blob == _UNSET else blob
 
-    def _missing(self, base: str) -> tuple[int, ...]:
-        return tuple(q for q in range(self.world_size) if not self.store.check([base + str(q)]))
-
-    def _outlast(self, base: str, missing: tuple[int, ...], start: float, deadline: float) -> bool:
+    def _outlast(self, base: str, start: float, deadline: float) -> bool:
         """Whether to wait once more: a missing rank is held up at another check-in, and will come.
 
         The hard case is a wait-for cycle: rank 0 waits at a main-only call for ranks that never make
@@ -231,6 +247,7 @@ class CheckIn:
         means (the tie goes to the call whose wait began later). A rank that gave up elsewhere while
         we waited is on its way too. Each rank publishes its wait (`BUSY`) for this.
         """
+        missing = set(range(self.world_size)) - self._checked_in(base)
         for q in missing:
             where, _, rest = self._peek(BUSY + str(q)).partition(b" ")
             when, _, state = rest.partition(b" ")
@@ -247,20 +264,19 @@ class CheckIn:
         return False
 
     def _means_more(self, base: str, theirs: str, deadline: float, their_deadline: float) -> bool:
-        ours_n, theirs_n = (int(self._peek(name + "n") or b"0") for name in (base, theirs))
+        ours_n, theirs_n = (int(self._peek(name + "n") or b"0") % GIVE_UP for name in (base, theirs))
         return ours_n > theirs_n or (ours_n == theirs_n and their_deadline < deadline)
 
     def _settle(self, site: Site, count: int, verdict: Verdict) -> None:
         """After the call: suspects, and this call's keys (and a stale verdict) to the janitor."""
         base = _site_prefix(site) + f"{count}/"
-        done = [base + str(self.rank)]
-        done += self._stale.pop(site, [])
+        done = self._stale.pop(site, [])
         if verdict.go:
             self.suspects.pop(site, None)
             if verdict.decider == self.rank:  # the last to arrive: every rank has read `v` by now
-                done += [base + "n", base + "v"]
+                done += [base + "n", base + "who", base + "v"]
         else:
-            done.append(base + "n")  # a late rank's `add` may recreate it: that rank deletes it again
+            done += [base + "n", base + "who"]  # a late rank recreates them, and deletes them again
             self._stale[site] = [base + "v"]
             if self.rank in verdict.missing:  # we came late: the others' suspicion of us ends here
                 self.store.set(_site_prefix(site) + f"back/{self.rank}", str(count).encode())

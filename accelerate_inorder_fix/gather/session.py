@@ -156,19 +156,20 @@ class GatherSession:
         self._counts[site] += 1
         return int(self._counts[site])
 
-    def check_in(self, state, settings, site: tuple) -> tuple[bool, Callable[[], None]]:
-        """Barrier mode: (whether this call's barriers run, what to call after them).
+    def check_in(self, state, settings, site: tuple) -> tuple[str, Callable[[], None]]:
+        """Barrier mode: how this call's turns go, and what to call after them.
 
-        True with nothing to do where the job has no store (plain barriers, as upstream) or in a forked
-        process (which is not a rank: it only counts the call).
+        `"go"`: every rank checked in (the check-in stands for the barrier after rank 0's turn);
+        `"skip"`: some rank did not, nobody enters a barrier; `"plain"`: no store to check in through
+        (plain barriers, as upstream). A forked process is not a rank: `"skip"`, with one line.
         """
         with self.lock:
             count = self._count(site)
             if self._pid is not None and self._pid != os.getpid():
                 _warn("a forked process logs its in_order records at once, without barriers (it is not a rank)")
-                return False, _nothing
+                return "skip", _nothing
             if self._store is None:
-                return True, _nothing
+                return "plain", _nothing
             if self._checkin is None:
                 janitor = _checkin.Janitor(transport.process_group_store() or self._store, _warn)
                 self._checkin = _checkin.CheckIn(self._store, state.process_index, state.num_processes, janitor)
@@ -176,10 +177,10 @@ class GatherSession:
                 verdict, settle = self._checkin.verdict(site, count, settings.timeout())
             except Exception as exc:  # the store failed under us: the job's own collectives are broken too
                 _warn(f"the in_order check-in failed ({exc!r}); using plain barriers for this call")
-                return True, _nothing
+                return "plain", _nothing
             if not verdict.go:
                 self._say_skipped(site, count, verdict, settings.timeout())
-            return verdict.go, settle
+            return ("go" if verdict.go else "skip"), settle
 
     def _say_skipped(self, site: tuple, count: int, verdict: _checkin.Verdict, timeout: float) -> None:
         rank = self._checkin.rank if self._checkin is not None else -1

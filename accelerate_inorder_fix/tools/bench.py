@@ -5,7 +5,9 @@ interleaved round by round so that they share the machine's load (a paired run):
 
 - `upstream`: accelerate's own `MultiProcessAdapter.log`, unpatched (every rank enabled: the setup
   where upstream works);
-- `barrier`: this package, barrier mode;
+- `barrier`: this package, barrier mode (each call checks in through the store, then N barriers);
+- `barrier_plain`: barrier mode with the check-in taken out (the N barriers alone, as before it): the
+  difference to `barrier` is the check-in's own cost;
 - `gather`: this package, gather mode;
 - and a plain call (`logger.info(msg)`, no in_order) unpatched vs patched.
 
@@ -32,7 +34,7 @@ import time
 # The folder that holds the package (a source tree or site-packages): the ranks import it from there.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULT_TAG = "@@BENCH "
-IN_ORDER_VARIANTS = ("upstream", "barrier", "gather")
+IN_ORDER_VARIANTS = ("upstream", "barrier", "barrier_plain", "gather")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,6 +52,7 @@ def _worker(calls, rounds, plain_calls):
     from accelerate.logging import get_logger
 
     import accelerate_inorder_fix as fix
+    from accelerate_inorder_fix.gather import GATHER
 
     state = PartialState(cpu=True)
     base = logging.getLogger("aif.bench")
@@ -62,6 +65,9 @@ def _worker(calls, rounds, plain_calls):
     log = get_logger("aif.bench")
 
     def use(variant):
+        GATHER.__dict__.pop("check_in", None)
+        if variant == "barrier_plain":  # the session's check-in answers "go" at once: barriers alone
+            GATHER.check_in = lambda state, settings, site: ("plain", lambda: None)
         if variant in ("upstream", "plain_unpatched"):
             fix.unpatch()
         else:
@@ -137,8 +143,8 @@ def table(results):
     """Markdown table of per-call times (ms) and ratios, one row per world size."""
     rows = [
         "| ranks | upstream in_order | barrier | gather | gather speed-up | barrier vs upstream "
-        "| plain unpatched | plain patched | plain overhead |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| check-in | plain unpatched | plain patched | plain overhead |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for result in results:
         s = result["seconds"]
@@ -146,6 +152,7 @@ def table(results):
         rows.append(
             f"| {result['world_size']} | {ms['upstream']:.2f} ms | {ms['barrier']:.2f} ms | {ms['gather']:.3f} ms "
             f"| {s['upstream'] / s['gather']:.1f}x | {100 * (s['barrier'] / s['upstream'] - 1):+.1f}% "
+            f"| {ms['barrier'] - ms['barrier_plain']:+.2f} ms ({100 * (s['barrier'] / s['barrier_plain'] - 1):+.1f}%) "
             f"| {ms['plain_unpatched'] * 1e3:.1f} us | {ms['plain_patched'] * 1e3:.1f} us "
             f"| {100 * (s['plain_patched'] / s['plain_unpatched'] - 1):+.1f}% |"
         )

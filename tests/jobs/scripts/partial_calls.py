@@ -9,7 +9,7 @@ wrong sum), then `@@DONE case r<rank>`; `@@RESULT case r<rank> key=json` lines c
 
 The package is imported explicitly (the test-suite keeps the start-up hook off). Environment:
 `ACCELERATE_INORDER_TIMEOUT` (the tests use 3), `AIF_CASE_LOOPS` (calls of the main-only loop, 20),
-`AIF_NO_CHECKIN=1` (every call's check-in answers "go" at once: barrier mode as it was before it).
+`AIF_NO_CHECKIN=1` (every call's check-in answers "plain barriers" at once: barrier mode as before it).
 """
 
 import json
@@ -123,7 +123,7 @@ def main(names):
     if os.environ.get("AIF_NO_CHECKIN") == "1":
         from accelerate_inorder_fix.gather import GatherSession
 
-        GatherSession.check_in = lambda self, state, settings, site: (True, lambda: None)
+        GatherSession.check_in = lambda self, state, settings, site: ("plain", lambda: None)
     from accelerate.logging import get_logger
 
     state = PartialState(cpu=True)
