@@ -195,7 +195,7 @@ def test_check_on_1_12_shows_the_deadlock_and_the_fix():
     assert rows["default"][0] == "deadlock (all ranks stuck)"
     assert rows["all_processes"][0] == "ignored (unordered)"
     assert {patched for _, patched in rows.values()} == {"ordered"}
-    assert rows["partial"] == ["ordered", "ordered"]  # 1.12's rank 0 never synchronises: no harm there
+    assert rows["partial"] == ("ordered", "ordered")  # 1.12's rank 0 never synchronises: no harm there
     assert len(rows) == 8
     assert "PASS: with the fix, every scenario is ordered on 2 ranks." in result.stdout
     assert "unpatched default" in result.stderr  # progress, as each job ends
