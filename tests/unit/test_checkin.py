@@ -117,21 +117,38 @@ def test_suspects_cost_no_wait_until_they_come_back(store):
 
 
 def test_the_longer_wait_of_a_wait_for_cycle_gives_way(store):
-    """Rank 0 waits at a main-only call A while the others wait for it at B: A gives way, B goes."""
+    """The others wait for rank 0 at B from before rank 0 starts waiting at a main-only call A, so their
+    deadline comes first: they wait once more (B has more ranks checked in), A gives way, B goes."""
     sides = ranks(store)
+    others_waiting = threading.Event()
 
     def main_process():
+        others_waiting.wait(5.0)
+        threading.Event().wait(0.1)  # test-side delay: rank 0 reaches A after the others reached B
         a, done = sides[0].verdict(SITE_A, 1, 0.5)
         done()
         return a, sides[0].verdict(SITE_B, 1, 0.5)[0]
 
+    def other(side):
+        others_waiting.set()
+        return side.verdict(SITE_B, 1, 0.5)[0]
+
     calls = {0: main_process}
-    calls.update({r: (lambda s=s: s.verdict(SITE_B, 1, 0.5)[0]) for s, r in zip(sides[1:], (1, 2, 3))})
+    calls.update({r: (lambda s=s: other(s)) for s, r in zip(sides[1:], (1, 2, 3))})
     out = run(calls)
     a, b = out[0][0]
     assert not a.go and a.missing == (1, 2, 3)
     assert b.go and all(out[r][0].go for r in (1, 2, 3)), out
     assert max(seconds for _, seconds in out.values()) < 2 * 0.5 + 0.5  # within two timeouts
+
+
+def test_a_give_up_after_every_rank_arrived_reads_go(store):
+    """The N-th arrival's `add` came before this give-up's: the call goes, whoever gives up after."""
+    side = ranks(store)[0]
+    base = "b/x/1/"
+    store.add(base + "n", N)
+    assert side._give_up(base).go
+    assert not store.check([base + "v"])  # nothing written over the last arrival's `go`
 
 
 def test_keys_of_decided_calls_are_removed(store):
