@@ -533,9 +533,8 @@ def test_series_share_one_fix():
         fix = series_files(series)[0].read_text()
         after = [line[1:] for line in fix.splitlines() if line[:1] in " +" and not line.startswith("+++")]
         first = after.index("        if in_order:")
-        last = after.index(
-            "            self.logger.log(level, msg, *args, **kwargs)", after.index("        elif ", first)
-        )
+        branch = next(n for n, line in enumerate(after) if n > first and line.startswith("        elif "))
+        last = after.index("            self.logger.log(level, msg, *args, **kwargs)", branch)
         bodies[series] = after[first : last + 1]
     assert len({tuple(body) for body in bodies.values()}) == 1, bodies
     backport = series_files(SERIES["0.20"])[0].read_text()
