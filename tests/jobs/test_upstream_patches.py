@@ -46,6 +46,11 @@ PATCH_RELEASES = [
 REGRESSION_TEST = "tests/test_logging_in_order.py"
 REGRESSION_SCRIPT = "src/accelerate/test_utils/scripts/test_logging_in_order.py"  # run by the test with torchrun
 REGRESSION_FILES = (REGRESSION_TEST, REGRESSION_SCRIPT)
+# The cheap single-process tests go into the release's own test file (the 0.20-0.30 series creates it).
+SINGLE_PROCESS_TEST = "tests/test_logging.py"
+SINGLE_PROCESS_TESTS = {"test_in_order_logs_once_at_the_call_site", "test_in_order_hidden_level_still_takes_its_turn"}
+# Where the series' block of single-process tests starts in tests/test_logging.py (the same block in every series).
+SINGLE_PROCESS_BLOCK = '@pytest.mark.usefixtures("accelerator")\ndef test_in_order_'
 # Which regression tests the unpatched release fails: since #3280 (1.13) only the rank-local cases.
 ALL_REGRESSION_TESTS = {
     "test_in_order_default",
@@ -53,11 +58,19 @@ ALL_REGRESSION_TESTS = {
     "test_in_order_rank_dependent_levels",
     "test_in_order_logging_disabled",
 }
+NEW_TESTS = ALL_REGRESSION_TESTS | SINGLE_PROCESS_TESTS
+# 0.20-0.30 also lacks `stacklevel` (#2730): its records name `accelerate/logging.py`, not the caller's line.
 UNPATCHED_FAILURES = {
-    "0.20": ALL_REGRESSION_TESTS,
-    "0.31": ALL_REGRESSION_TESTS,
-    "1.13": {"test_in_order_rank_dependent_levels", "test_in_order_logging_disabled"},
+    "0.20": NEW_TESTS,
+    "0.31": ALL_REGRESSION_TESTS | {"test_in_order_hidden_level_still_takes_its_turn"},
+    "1.13": {
+        "test_in_order_rank_dependent_levels",
+        "test_in_order_logging_disabled",
+        "test_in_order_hidden_level_still_takes_its_turn",
+    },
 }
+# What a call made on some processes only does, in the words of the review (0001, the docs, the PR text).
+HANG_OR_DESYNC = "hangs, or desynchronises with the other processes' next collective"
 REGRESSION_BOUND = 60  # seconds: an unpatched failing test must fail (not hang) within this
 # The older series carry main's regression files with the helpers their releases lack replaced:
 # (file, main's text, the fork's text). Nothing else may differ (test_series_share_one_regression_test).
@@ -280,28 +293,26 @@ def test_scenarios_match_the_monkeypatch(release):
 
 def test_accelerate_tests_pass_when_patched(release):
     """(b) The release's own test_logging.py and the series' regression test pass on the patched code."""
-    tests = [t for t in ("tests/test_logging.py", REGRESSION_TEST) if (release.tree / t).exists()]
-    assert REGRESSION_TEST in tests
-    job = run_pytest(release.tree, release.patched, tests)
+    job = run_pytest(release.tree, release.patched, [SINGLE_PROCESS_TEST, REGRESSION_TEST])
     assert job.returncode == 0 and job.killed is None, "\n".join(job.lines[-60:])
     assert not re.search(r"\d+ (skipped|deselected|xfailed)", job.lines[-1]), job.lines[-1]  # all really ran
     passed = set(re.findall(r"^PASSED \S+::(\w+)$", "\n".join(job.lines), re.M))
-    assert ALL_REGRESSION_TESTS <= passed, "\n".join(job.lines[-60:])  # @require_cpu skipped none
+    assert NEW_TESTS <= passed, "\n".join(job.lines[-60:])  # @require_cpu skipped none
 
 
 def test_regression_test_fails_unpatched(release):
-    """(b) The regression test catches the bug on the unpatched sdist, by failing, not by hanging.
+    """(b) The new tests catch the bug on the unpatched sdist, by failing, not by hanging.
 
     Each failing test must end within REGRESSION_BOUND seconds: its bound is the process group's
     timeout in the worker script, the hard timeout of `run_pytest` only guards this suite.
     """
-    job = run_pytest(release.tree, release.unpatched, [REGRESSION_TEST])
+    job = run_pytest(release.tree, release.unpatched, [SINGLE_PROCESS_TEST, REGRESSION_TEST])
     failed = set(re.findall(r"^FAILED \S+::(\w+)", "\n".join(job.lines), re.M))
     assert job.killed is None, job
     assert failed == UNPATCHED_FAILURES[release.line], "\n".join(job.lines[-60:])
     assert not any(line.startswith("ERROR") for line in job.lines), "\n".join(job.lines[-60:])
     times = durations(job)
-    assert set(times) == ALL_REGRESSION_TESTS, "\n".join(job.lines[-60:])
+    assert NEW_TESTS <= set(times), "\n".join(job.lines[-60:])
     slow = {name: secs for name, secs in times.items() if secs >= REGRESSION_BOUND}
     assert not slow, f"failed, but not within {REGRESSION_BOUND}s: {slow}"
     # The failures come from the gloo timeout of the worker script (a process left in a barrier).
@@ -317,7 +328,7 @@ def test_touched_files_pass_upstream_ruff(version, tmp_path):
     series = SERIES[release_line(version)]
     git(tree, "am", "-q", *map(str, code_patches(series)))
     files = sorted({path for p in code_patches(series) for path in patched_paths(p) if path.endswith(".py")})
-    assert set(REGRESSION_FILES) | {"src/accelerate/logging.py"} == set(files), files
+    assert set(REGRESSION_FILES) | {SINGLE_PROCESS_TEST, "src/accelerate/logging.py"} == set(files), files
     ruff = [upstream_python(), "-m", "ruff"]
     version_out = subprocess.run([*ruff, "--version"], capture_output=True, text=True, timeout=60)
     assert version_out.stdout.split() == ["ruff", RUFF.split()[-1]], (version_out, "run scripts/setup.sh")
@@ -346,7 +357,7 @@ def test_every_patch_file_is_tested():
 
 
 def _added_file(patch_text, path):
-    """The content a patch gives to the new file `path`, or None."""
+    """The lines a patch adds to `path` (for a new file: its content), or None."""
     match = re.search(
         rf"^\+\+\+ b/{re.escape(path)}\n@@[^\n]*\n(.*?)(?=^diff --git|^-- \n|\Z)", patch_text, re.M | re.S
     )
@@ -378,6 +389,23 @@ def test_series_share_one_regression_test():
     assert set(FORK_SUBSTITUTIONS) == set(SERIES.values()) - {SERIES["1.13"]}
 
 
+def _single_process_block(series):
+    """The single-process tests a series adds to tests/test_logging.py: from their first decorator to the end."""
+    added = [b for b in (_added_file(p.read_text(), SINGLE_PROCESS_TEST) for p in series_files(series)) if b]
+    assert len(added) == 1, f"{series}: {SINGLE_PROCESS_TEST} is changed {len(added)} times"
+    assert added[0].count(SINGLE_PROCESS_BLOCK) == len(SINGLE_PROCESS_TESTS), series
+    return added[0][added[0].index(SINGLE_PROCESS_BLOCK) :]
+
+
+def test_series_share_one_single_process_test():
+    """The cheap tests in tests/test_logging.py are the same block in every series (0.20-0.30 has no
+    test_logging.py: its series creates one, with the helper and fixture the block uses)."""
+    block = _single_process_block(SERIES["1.13"])
+    for series in FORK_SUBSTITUTIONS:
+        assert _single_process_block(series) == block, series
+    assert set(re.findall(r"^def (test_\w+)\(", block, re.M)) == SINGLE_PROCESS_TESTS
+
+
 def test_regression_test_conventions():
     """The upstream test follows accelerate's CPU multi-process conventions (issue 12)."""
     files = _regression_files(SERIES["1.13"])
@@ -393,7 +421,10 @@ def test_regression_test_conventions():
         assert own not in script + test, own
     assert "logging.disable(" in script
     # Each test says whether it fails on upstream main today, and says it right.
-    for name, body in re.findall(r"    def (test_\w+)\(self\):\n(.*?)(?=\n    def |\Z)", test, re.S):
+    tests = re.findall(r"    def (test_\w+)\(self\):\n(.*?)(?=\n    def |\Z)", test, re.S)
+    tests += re.findall(r"^def (test_\w+)\(caplog\):\n(.*?)(?=\n\n\n|\Z)", _single_process_block("main"), re.S | re.M)
+    assert {name for name, _ in tests} == NEW_TESTS
+    for name, body in tests:
         docstring = body.split('"""')[1]
         fails = name in UNPATCHED_FAILURES["1.13"]
         assert ("Fails on `main`" if fails else "Passes on `main`") in docstring, (name, docstring)
@@ -431,6 +462,7 @@ def test_docs_patches_are_well_formed(tmp_path):
             p.startswith("docs/source/") and p.endswith(".md") for p in patched_paths(patch)
         ), patch
         assert "in_order=True" in text and "collective" in text
+        assert HANG_OR_DESYNC in " ".join(text.split())
         tree = tmp_path / patch.stem
         for path, content in _fixture_from_patch(text).items():
             (tree / path).parent.mkdir(parents=True, exist_ok=True)
@@ -455,21 +487,35 @@ def test_series_are_git_am_ready():
             message = text.split("\n\n", 1)[1].split("\n---\n", 1)[0]
             assert len(message.split()) > 40, f"{path}: the commit message must explain the change"
     fix = series_files(SERIES["1.13"])[0].read_text().split("\n---\n", 1)[0]
-    assert re.search(r"^Fixes #3939$", fix, re.M) and "#3280" in fix
-    assert "What changes for users" in fix and "barriers" in fix and "hangs" in fix
+    assert re.search(r"^Follow-up to #3280, refs #3939$", fix, re.M) and "Fixes #" not in fix
+    assert "What changes for users" in fix and "barriers" in fix
+    assert HANG_OR_DESYNC in " ".join(fix.split())
 
 
 def test_pull_request_text():
-    """patches/main/PULL_REQUEST.md: a title and the fields of accelerate's PR template, with links."""
+    """patches/main/PULL_REQUEST.md: a release-notes title and the fields of accelerate's PR template, with links.
+
+    A follow-up, not a fix of #3939 (closed, its two cases fixed by #3280); the issue never discussed
+    rank-dependent levels, so the "discussed/approved via issue" box stays unticked.
+    """
     text = (PATCHES / "main" / "PULL_REQUEST.md").read_text()
-    assert re.match(r"# Title\n\n\S.*\n", text), "starts with the title to paste"
-    for field in ("# What does this PR do?", "Fixes #3939", "## Before submitting", "## Who can review?"):
+    assert re.match(r"Fix `in_order=True` logging hang when processes' log levels differ\n\n# What does", text)
+    for field in (
+        "# What does this PR do?",
+        "Follow-up to #3280, refs #3939",
+        "## Before submitting",
+        "## Who can review?",
+    ):
         assert field in text, field
+    assert "Fixes #" not in text and "# Title" not in text
+    assert re.search(r"^- \[ \] Was this discussed/approved via a Github issue", text, re.M)
+    assert HANG_OR_DESYNC in " ".join(text.split())
     for must in (
         "#3280",
         "#1262",
         "test_in_order_rank_dependent_levels",
         "test_in_order_logging_disabled",
+        "test_in_order_hidden_level_still_takes_its_turn",
         "debug_launcher",
         "GLOO_SOCKET_IFNAME",
     ):
@@ -479,15 +525,16 @@ def test_pull_request_text():
 def test_series_share_one_fix():
     """The patched `log` body is the same in every series: one fix in three contexts, not three fixes.
 
-    Compared on the patches' post-image from `if not in_order:` to the last barrier; 0.20-0.30 also
+    Compared on the patches' post-image from `if in_order:` to the end of its `elif`; 0.20-0.30 also
     gains upstream's `stacklevel` default, checked on its own.
     """
     bodies = {}
     for series in SERIES.values():
         fix = series_files(series)[0].read_text()
         after = [line[1:] for line in fix.splitlines() if line[:1] in " +" and not line.startswith("+++")]
-        first = after.index("        if not in_order:")
-        last = after.index("            state.wait_for_everyone()", first)
+        first = after.index("        if in_order:")
+        branch = next(n for n, line in enumerate(after) if n > first and line.startswith("        elif "))
+        last = after.index("            self.logger.log(level, msg, *args, **kwargs)", branch)
         bodies[series] = after[first : last + 1]
     assert len({tuple(body) for body in bodies.values()}) == 1, bodies
     backport = series_files(SERIES["0.20"])[0].read_text()
