@@ -1,4 +1,4 @@
-"""Benchmark: gather mode's cost per in_order call at 8 to 1,024 ranks, new store protocol vs old.
+"""Benchmark: gather mode's cost per in_order call at 8 to 1,024 ranks.
 
 A real job of 1,024 ranks does not fit on a laptop, but gather mode's costs are a rank's post and
 the main process's reading (store traffic), decoding and emitting, so the ranks are simulated as
@@ -20,11 +20,12 @@ is already posted, so the figure is the main process's own work, not waiting for
 keeps a round that a collection of Python's oldest generation, or the shared machine, slowed down
 from deciding the figure). `store_keys_after` is how many
 keys the run left in the store after the last round (`store_keys_by_round`: after each round; it must
-not grow with the rounds). The old protocol (one wait, get and delete per rank, `LegacyInbox` below)
-runs side by side, on the same server and processes, one run after the other.
+not grow with the rounds). The installed package measures its own protocol; the repository's
+`benchmarks/bench_scale.py` runs this same benchmark with the old protocol (one wait, get and delete
+per rank) beside it, on the same server and processes (`main(argv, protocols)`).
 
     accelerate-inorder-fix bench scale --ranks 8,64,256,1024 --json FILE
-    python benchmarks/bench_scale.py --ranks 8,64 --calls 4 --rounds 2
+    python benchmarks/bench_scale.py --ranks 8,64 --calls 4 --rounds 2   # new and old, in a checkout
 
 `main(argv)` prints a Markdown table and returns the results.
 """
@@ -52,59 +53,9 @@ LOGGER = "aif.bench.scale"
 BURST = 2000  # rank 1's back-to-back posts, for the clean-up's connection (`_burst`)
 
 
-# ---------------------------------------------------------------------------------------------
-# The old protocol, kept here for the side-by-side
-# ---------------------------------------------------------------------------------------------
-
-
-class LegacyOutbox:
-    """The rank side before batching: append to its queue, never clean (the main process deleted)."""
-
-    def __init__(self, store, rank, cleanup_store=None):  # never cleans: `cleanup_store` is not used
-        self.store, self.rank, self.sent = store, rank, 0
-
-    def post(self, payload, document=None):
-        self.store.set(transport.key(self.rank, self.sent), payload)
-        self.sent += 1
-
-
-class LegacyInbox:
-    """The main process's side before batching: per rank a wait or check, a get and a delete."""
-
-    def __init__(self, store, world_size):
-        self.store, self.cursor = store, [0] * world_size
-
-    def _next_key(self, rank):
-        return transport.key(rank, self.cursor[rank])
-
-    def wait(self, ranks, seconds):
-        try:
-            self.store.wait([self._next_key(r) for r in ranks], datetime.timedelta(seconds=seconds))
-        except RuntimeError:
-            return False
-        return True
-
-    def ready(self, rank):
-        return self.store.check([self._next_key(rank)])
-
-    def take(self, rank):
-        name = self._next_key(rank)
-        payload = self.store.get(name)
-        self.store.delete_key(name)
-        self.cursor[rank] += 1
-        return records.decode(payload)
-
-    def take_many(self, ranks):
-        return [self.take(rank) for rank in ranks]  # exactly the old loop: one rank after another
-
-    def take_copied(self, ranks, current=None, into=None):
-        return []  # no shared slots then
-
-    def settle(self):
-        pass
-
-
-PROTOCOLS = {"new": (transport.Inbox, transport.Outbox), "old": (LegacyInbox, LegacyOutbox)}
+# The protocols a run can measure: name -> (main process's inbox type, a rank's outbox type). The
+# installed package measures its own; benchmarks/bench_scale.py adds the old one for the side-by-side.
+PROTOCOLS = {"new": (transport.Inbox, transport.Outbox)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,11 +136,10 @@ def _poster(conn, port, threads):
     shares = []
     while True:
         command = conn.recv()
-        if command[0] == "setup":  # (setup, prefix, protocol, ranks)
+        if command[0] == "setup":  # (setup, prefix, outbox type, ranks)
             import torch.distributed as dist
 
-            _, prefix, protocol, ranks = command
-            outbox_type = PROTOCOLS[protocol][1]
+            _, prefix, outbox_type, ranks = command
             shares = [
                 [
                     (r, outbox_type(dist.PrefixStore(prefix, c), r, cleanup_store=dist.PrefixStore(prefix, d)))
@@ -357,17 +307,17 @@ def per_record(number=2000):
     }
 
 
-def run(cluster, ranks, protocol, calls, rounds, tag):
-    """Measure one protocol at `ranks` ranks; returns its result dict."""
-    inbox_type, outbox_type = PROTOCOLS[protocol]
+def run(cluster, ranks, protocol, calls, rounds, tag, protocols=PROTOCOLS):
+    """Measure one protocol (a name in `protocols`) at `ranks` ranks; returns its result dict."""
+    inbox_type, outbox_type = protocols[protocol]
     prefix = f"{tag}/{transport.PREFIX}"
     raw = _connect(cluster.port)
     keys_before = raw.num_keys()
     main_store = _Timed(_connect(cluster.port, prefix))
     others = list(range(2, ranks))
     n = len(cluster.posters)
-    cluster.command([("setup", prefix, protocol, others[i::n]) for i in range(n)])
-    cluster.probe[1].send(("setup", prefix, protocol, [1]))
+    cluster.command([("setup", prefix, outbox_type, others[i::n]) for i in range(n)])
+    cluster.probe[1].send(("setup", prefix, outbox_type, [1]))
     cluster.probe[1].recv()
     inbox = inbox_type(main_store, ranks)
     warnings = []
@@ -440,7 +390,7 @@ def _parser():
     parser.add_argument("--rounds", type=int, default=9, help="measured rounds per run (default 9)")
     parser.add_argument("--procs", type=int, default=4, help="poster processes (default 4)")
     parser.add_argument("--threads", type=int, default=16, help="store connections per poster process (default 16)")
-    parser.add_argument("--no-old", action="store_true", help="skip the old protocol")
+    parser.add_argument("--no-old", action="store_true", help="skip the old protocol (where there is one)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--plot", metavar="PNG", help="also plot main ms per call against ranks (needs matplotlib)")
     parser.add_argument("--from-json", metavar="FILE", help="do not measure: table (and plot) of an earlier --json")
@@ -471,8 +421,8 @@ def plot(results, path):
     figure.savefig(path)
 
 
-def main(argv=None):
-    """Run the benchmark; print the table; return the results."""
+def main(argv=None, protocols=PROTOCOLS):
+    """Run the benchmark of `protocols` (name -> (inbox type, outbox type)); print the table; return the results."""
     args = _parser().parse_args(argv)
     if args.from_json:
         with open(args.from_json) as f:
@@ -488,9 +438,9 @@ def main(argv=None):
     results = {"results": [], "old": []}
     try:
         for ranks in sizes:
-            for protocol in ("new",) if args.no_old else ("new", "old"):
+            for protocol in [name for name in protocols if not (args.no_old and name == "old")]:
                 print(f"{ranks} ranks, {protocol} protocol ...", file=sys.stderr, flush=True)
-                result = run(cluster, ranks, protocol, args.calls, args.rounds, f"{protocol}{ranks}")
+                result = run(cluster, ranks, protocol, args.calls, args.rounds, f"{protocol}{ranks}", protocols)
                 results["results" if protocol == "new" else "old"].append(result)
         results["rank_burst"] = cluster.burst(BURST)
     finally:

@@ -1,12 +1,19 @@
-"""`bench scale`: how the CLI reaches it, and that its old protocol is a faithful reference (pure logic)."""
+"""`bench scale`: how the CLI reaches it, that the package measures only its own protocol, and that the
+old protocol kept in benchmarks/ (outside the package) is a faithful reference (pure logic)."""
 
+import ast
 import logging
+from pathlib import Path
 
 import pytest
 from fake_store import FakeStore
 
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.tools import bench_scale, cli
+from benchmarks import bench_scale as developer_bench
+
+
+PACKAGE = Path(__file__).resolve().parents[2] / "accelerate_inorder_fix"
 
 
 @pytest.mark.parametrize("argv", [["bench", "scale", "--ranks", "8"], ["bench", "--scale", "--ranks", "8"]])
@@ -17,14 +24,32 @@ def test_cli_bench_scale_reaches_the_scale_benchmark(monkeypatch, argv):
     assert seen == [["--ranks", "8"]]
 
 
+def test_the_installed_benchmark_measures_only_the_current_protocol():
+    assert list(bench_scale.PROTOCOLS) == ["new"]
+    assert list(developer_bench.PROTOCOLS) == ["new", "old"]
+
+
+def test_the_package_never_imports_the_developer_benchmarks():
+    imported = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:  # absolute only
+                imported.add(node.module)
+    assert "typing" in imported
+    assert not [name for name in imported if name.split(".")[0] in ("benchmarks", "bench_records", "bench_scale")]
+    assert not list(PACKAGE.rglob("bench_records.py"))
+
+
 def test_legacy_protocol_gives_the_same_blocks_one_round_trip_per_step_per_rank():
     store, world_size, seen = FakeStore(), 4, []
     logger = logging.getLogger(bench_scale.LOGGER)
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())
     logger.handlers[:] = [handler]
-    collector = _collector.Collector(bench_scale.LegacyInbox(store, world_size), world_size, 1.0, pytest.fail)
-    outboxes = [(r, bench_scale.LegacyOutbox(store, r)) for r in range(1, world_size)]
+    collector = _collector.Collector(developer_bench.LegacyInbox(store, world_size), world_size, 1.0, pytest.fail)
+    outboxes = [(r, developer_bench.LegacyOutbox(store, r)) for r in range(1, world_size)]
     bench_scale._post_calls(outboxes, 1, 2)
     for count in (1, 2):
         collector.block((bench_scale.SITE, count), bench_scale._record(count, 0))
@@ -43,4 +68,5 @@ def test_table_puts_the_old_protocol_beside_the_new():
 
 def test_per_record_figures_are_measured():
     figures = bench_scale.per_record(number=20)
-    assert set(figures) == {"decode_us", "decode_copy_us", "emit_us"} and all(v > 0 for v in figures.values())
+    names = {"decode_us", "decode_copy_us", "emit_us", "parse_us", "decode_delta_us", "build_us"}
+    assert set(figures) == names and all(v > 0 for v in figures.values())
