@@ -32,7 +32,10 @@ class LegacyOutbox:
 
 
 class LegacyInbox:
-    """The main process's side before batching: per rank a wait or check, a get and a delete."""
+    """The main process's side before batching: per rank a wait or check, a get and a delete.
+
+    Implements the collector's `Inbox` protocol (`accelerate_inorder_fix.gather.collector.Inbox`).
+    """
 
     def __init__(self, store: Any, world_size: int) -> None:
         self.store = store
@@ -61,7 +64,7 @@ class LegacyInbox:
     def take_many(self, ranks: list[int]) -> list[Any]:
         return [self.take(rank) for rank in ranks]  # exactly the old loop: one rank after another
 
-    def take_copied(self, ranks: list[int], current: Any = None, into: Any = None) -> list[Any]:
+    def take_copied(self, ranks: list[int], current: Any, into: Any) -> list[Any]:
         return []  # no shared slots then
 
     def settle(self) -> None:

@@ -160,7 +160,7 @@ class GatherSession:
         self._logger_name = adapter.logger.name
         self._collector.timeout = self._settings.timeout()  # `configure(timeout=...)` may come later
         try:
-            self._collector.block(identity, record)
+            self._collector.emit_call(identity, record)
         except Exception as exc:  # not expected: the block handles the store and the handlers itself
             _warn(f"gather mode could not collect the other ranks' records: {exc!r}")
 

@@ -261,19 +261,19 @@ def per_record(number=2000):
     """
     payload = records.to_bytes((SITE, 1), _record(1, 2))
     copier, reader = copies.Copier(2, refresh=transport.SLOTS), copies.CopyReader()
-    reader.decode(2, json.loads(copier.line(0, *records.encode((SITE, 1), _record(1, 2)))))
+    reader.decode(2, copies.parse_slot(copier.line(0, *records.encode((SITE, 1), _record(1, 2))), 3)[0])
     delta = copier.line(1, *records.encode((SITE, 2), _record(2, 2)))
     record = records.from_bytes(payload)[1]
     sink = _handler()
 
     def from_copies(slot):
-        for line in copies.copies_in(slot, 3):
+        for line in copies.parse_slot(slot, 3):
             copies.build(reader.decode(2, line, (SITE, 2))[1])
 
     slot = delta * number
 
     def parse():
-        return copies.copies_in(slot, 3)
+        return copies.parse_slot(slot, 3)
 
     def decode(lines):
         return [reader.decode(2, line, (SITE, 2))[1] for line in lines]
@@ -332,7 +332,7 @@ def run(cluster, ranks, protocol, calls, rounds, tag, protocols=PROTOCOLS):
             main_store.seconds = 0.0
             start = time.perf_counter()
             for count in range(first, first + calls):
-                collector.block((SITE, count), _record(count, 0))
+                collector.emit_call((SITE, count), _record(count, 0))
             if round_ >= WARMUP:
                 main_per_call.append((time.perf_counter() - start) / calls)
                 store_per_call.append(main_store.seconds / calls)

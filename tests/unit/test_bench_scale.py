@@ -9,6 +9,7 @@ import pytest
 from fake_store import FakeStore
 
 from accelerate_inorder_fix.gather import collector as _collector
+from accelerate_inorder_fix.gather import transport
 from accelerate_inorder_fix.tools import bench_scale, cli
 from benchmarks import bench_scale as developer_bench
 
@@ -52,7 +53,7 @@ def test_legacy_protocol_gives_the_same_blocks_one_round_trip_per_step_per_rank(
     outboxes = [(r, developer_bench.LegacyOutbox(store, r)) for r in range(1, world_size)]
     bench_scale._post_calls(outboxes, 1, 2)
     for count in (1, 2):
-        collector.block((bench_scale.SITE, count), bench_scale._record(count, 0))
+        collector.emit_call((bench_scale.SITE, count), bench_scale._record(count, 0))
     assert seen == [f"step {c} r{r}" for c in (1, 2) for r in range(world_size)]
     assert store.num_keys() == 0  # the old protocol's main process deleted every record it read
     assert [c for c in store.calls if c[0] == "delete_key"] == [("delete_key", 1)] * 6
@@ -70,3 +71,9 @@ def test_per_record_figures_are_measured():
     figures = bench_scale.per_record(number=20)
     names = {"decode_us", "decode_copy_us", "emit_us", "parse_us", "decode_delta_us", "build_us"}
     assert set(figures) == names and all(v > 0 for v in figures.values())
+
+
+def test_the_store_inbox_and_the_old_one_implement_the_collectors_inbox_protocol():
+    assert isinstance(transport.Inbox(FakeStore(), 4), _collector.Inbox)
+    assert isinstance(developer_bench.LegacyInbox(FakeStore(), 4), _collector.Inbox)
+    assert not isinstance(object(), _collector.Inbox)

@@ -418,8 +418,8 @@ def test_collector_counts_foreign_bytes_as_that_ranks_empty_record(caplog):
     collector = _collector.Collector(queues, 3, timeout=30.0, warn=warnings.append)
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     start = time.monotonic()
-    collector.block(IDENTITY, _record(msg="r0", args=()))
-    collector.block(later, None)
+    collector.emit_call(IDENTITY, _record(msg="r0", args=()))
+    collector.emit_call(later, None)
     collector.flush()
     assert time.monotonic() - start < 5  # no deadline was waited out: the marker closed the call
     assert _emitted(caplog.records) == [("r0", "INFO"), ("r2", "INFO"), ("r1 later", "INFO")]
