@@ -104,19 +104,9 @@ def _marked(check_id):
     return _launch.leftovers(f"{CHECK_MARKER_ENV}={check_id}".encode())
 
 
-def kill_marked(check_id, settle=3.0):
+def kill_marked(check_id: str, settle: float = 3.0) -> list[int]:
     """SIGKILL every process carrying this check's marker, until none is left (or `settle` s pass)."""
-    deadline = time.monotonic() + settle
-    while True:
-        pids = [p for p in _marked(check_id) if p != os.getpid()]
-        if not pids or time.monotonic() > deadline:
-            return pids
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
+    return _launch.kill_marked(f"{CHECK_MARKER_ENV}={check_id}".encode(), settle)
 
 
 def _available_memory():

@@ -84,8 +84,8 @@ class Job:
         return f"Job(returncode={self.returncode}, killed={self.killed!r}, elapsed={self.elapsed:.1f}s)"
 
 
-def _marked_processes(marker):
-    """Every process whose environment carries this job's marker."""
+def _marked_processes(marker: bytes) -> list[int]:
+    """Every process whose environment carries `marker` (`NAME=value`, as bytes)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -99,13 +99,32 @@ def _marked_processes(marker):
     return found
 
 
-def kill_tree(proc, marker):
-    """SIGKILL the launcher and every process that carries the job's marker."""
-    for pid in [proc.pid, *_marked_processes(marker)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def kill_marked(marker: bytes, settle: float = 0.0) -> list[int]:
+    """SIGKILL every process carrying `marker` (but this one), again until none is left or `settle` s pass.
+
+    The one process killer of `run` and `check`. Returns the marked processes still alive at the end
+    (with `settle=0`, one sweep: those it just sent SIGKILL to, which may not have died yet).
+    """
+    deadline = time.monotonic() + settle
+    while True:
+        pids = [pid for pid in _marked_processes(marker) if pid != os.getpid()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not pids or time.monotonic() >= deadline:
+            return pids
+        time.sleep(0.1)  # polling /proc: a killed process leaves it when the kernel has reaped it
+
+
+def kill_tree(proc: subprocess.Popen[str], marker: bytes) -> None:
+    """SIGKILL the launcher, its process group and every process that carries the job's marker."""
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+    kill_marked(marker)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -113,7 +132,7 @@ def kill_tree(proc, marker):
     proc.wait()
 
 
-def leftovers(marker):
+def leftovers(marker: bytes) -> list[int]:
     """Processes of a finished job that are still alive (should always be empty)."""
     return _marked_processes(marker)
 
@@ -170,11 +189,7 @@ def run(cmd, env=None, timeout=120.0, stall=None, cwd=None):
         if proc.poll() is None:  # interrupted (Ctrl-C): leave nothing behind
             kill_tree(proc, marker)
         else:
-            for pid in _marked_processes(marker):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_marked(marker)
     for t in readers:
         t.join(timeout=5)
     return Job(lines, "".join(err), proc.returncode, killed, time.monotonic() - start)
