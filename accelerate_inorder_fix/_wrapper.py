@@ -28,7 +28,7 @@ def _emit(adapter, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
     if not adapter.isEnabledFor(level):
         return
     try:
-        msg, kwargs = adapter.process(msg, kwargs)
+        msg, kwargs = adapter.process(msg, _callsite.counted_from_here(kwargs))
         adapter.logger.log(level, msg, *args, **kwargs)
     except Exception as exc:  # a filter or handler that raises must not skip the barrier after it
         warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
@@ -46,7 +46,6 @@ def _barrier(state) -> bool:
 
 def _in_turns(state, adapter, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
     """Barrier mode: N turns, every rank at every barrier; a rank emits in its own turn."""
-    _callsite.one_frame_deeper(kwargs)  # `_emit` is called from here, not from the wrapper
     rank = state.process_index
     for turn in range(state.num_processes):
         if turn == rank:
@@ -64,14 +63,15 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
     """
     from accelerate.state import PartialState
 
+    @_callsite.mark_wrapper
     def log_in_order(wrapped, instance, args, kwargs):
         in_order = kwargs.get("in_order")
         if not PartialState._shared_state or not (in_order or body.restatable):
             # Upstream's RuntimeError, word for word; or the plain path of a forced unknown body, or of
             # another library's wrapper beneath ours, which must see its calls (the in_order path is
-            # replaced all the same). What we call is one frame below us: its caller is one further.
-            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 1)
-            return wrapped(*args, **kwargs)
+            # replaced all the same). What we call calls `Logger.log`, a frame further from the user.
+            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
+            return wrapped(*args, **_callsite.counted_from_here(kwargs, callee=True))
         if not in_order:
             # The plain path, every log call of a job. The three known upstream bodies agree on it:
             # drop what the level drops, gate on main_process_only, emit through process(). Restated
@@ -83,7 +83,7 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
             kwargs.pop("in_order", None)
             if not instance._should_log(kwargs.pop("main_process_only", True)):
                 return None
-            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 0)
+            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
             msg, kwargs = instance.process(args[1], kwargs)
             instance.logger.log(level, msg, *args[2:], **kwargs)
             return None
@@ -91,8 +91,8 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
         level, msg, *rest = args
         kwargs.pop("in_order")
         kwargs.pop("main_process_only", None)
-        # `_emit` and the gather session log one frame below this wrapper.
-        kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 1)
+        # As if this wrapper called `Logger.log`: `_emit` and the gather session count their own frames.
+        kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
         state = PartialState()
         if state.num_processes <= 1:
             _emit(instance, level, msg, rest, kwargs)
@@ -101,7 +101,7 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
         # when several threads log, and a gather call's record and count stay together.
         with gather.lock:
             if gather.mode(state, settings) == "gather":
-                gather.log(state, instance, level, msg, rest, kwargs, _callsite.call_site(body, 0))
+                gather.log(state, instance, level, msg, rest, kwargs, _callsite.call_site(body))
             else:
                 _in_turns(state, instance, level, msg, rest, kwargs)
         return None

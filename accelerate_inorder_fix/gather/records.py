@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import Any, Optional, Union
 
-from .._callsite import one_frame_deeper
+from .._callsite import counted_from_here
 
 
 Site = tuple[str, str, int]  # (file name, function, line) of the user's in_order call
@@ -94,12 +94,12 @@ def capture(
 ) -> Optional[logging.LogRecord]:
     """The record this rank's logger makes for the call, or None when its level/filters drop it.
 
-    Called by a function that the wrapper calls directly (as `_wrapper._emit` is), so the caller
-    `stacklevel` in `kwargs` needs one more frame for this one.
+    `kwargs["stacklevel"]` counts from the wrapper, which this function is some frames below
+    (`_callsite`: the frames are counted, not written down).
     """
     if not adapter.isEnabledFor(level):
         return None
-    msg, processed = adapter.process(msg, one_frame_deeper(dict(kwargs)))
+    msg, processed = adapter.process(msg, counted_from_here(kwargs))
     logger = adapter.logger
     catch = _Catch()
     # Appended last: the logger's own filters run first, and one that rejects stops the record here
