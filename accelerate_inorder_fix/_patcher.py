@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import wrapt
@@ -40,7 +41,7 @@ def _accelerate_version() -> str:
     return str(getattr(module, "__version__", "unknown"))
 
 
-def _wrapper_chain(obj: Any):
+def _wrapper_chain(obj: Any) -> Iterator[Any]:
     """`obj`, then what it wraps (`__wrapped__`), and so on: wrapt's wrappers and functools' alike."""
     seen = set()
     while obj is not None and id(obj) not in seen:
@@ -58,7 +59,7 @@ class Patcher:
         self._force = False
         self._hook_registered = False
         self._warned = False
-        self._installed: Optional[wrapt.FunctionWrapper] = None
+        self._installed: Optional[wrapt.FunctionWrapper[Any, Any]] = None
 
     def _ours_in(self, cls: type) -> bool:
         return self._installed is not None and any(
@@ -107,6 +108,8 @@ class Patcher:
             if cls is None or not self._ours_in(cls):
                 return
             ours = self._installed
+            if ours is None:  # `_ours_in` said it is there
+                return
             chain = list(_wrapper_chain(cls.__dict__["log"]))
             index = next(i for i, w in enumerate(chain) if w is ours)
             if index == 0:

@@ -23,7 +23,7 @@ from .config import SETTINGS, Settings
 from .gather import GATHER, GatherSession
 
 
-def _emit(adapter, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
+def _emit(adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Emit one record through the rank's own logger, exactly as upstream's working path does."""
     if not adapter.isEnabledFor(level):
         return
@@ -34,7 +34,7 @@ def _emit(adapter, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
         warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
 
 
-def _barrier(state) -> bool:
+def _barrier(state: Any) -> bool:
     """Upstream's own synchronisation. False when it failed (the job is already broken)."""
     try:
         state.wait_for_everyone()
@@ -44,7 +44,7 @@ def _barrier(state) -> bool:
     return True
 
 
-def _in_turns(state, adapter, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
+def _in_turns(state: Any, adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Barrier mode: N turns, every rank at every barrier; a rank emits in its own turn."""
     rank = state.process_index
     for turn in range(state.num_processes):
@@ -56,7 +56,9 @@ def _in_turns(state, adapter, level: int, msg: Any, args: tuple, kwargs: dict) -
             return
 
 
-def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: GatherSession = GATHER) -> Callable:
+def make_log_wrapper(
+    body: UpstreamBody, settings: Settings = SETTINGS, gather: GatherSession = GATHER
+) -> Callable[..., Any]:
     """The wrapt wrapper for `MultiProcessAdapter.log(level, msg, *args, **kwargs)`, bound to `body`.
 
     Imports accelerate: call it once accelerate.logging is loaded.
@@ -64,7 +66,7 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
     from accelerate.state import PartialState
 
     @_callsite.mark_wrapper
-    def log_in_order(wrapped, instance, args, kwargs):
+    def log_in_order(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         in_order = kwargs.get("in_order")
         if not PartialState._shared_state or not (in_order or body.restatable):
             # Upstream's RuntimeError, word for word; or the plain path of a forced unknown body, or of

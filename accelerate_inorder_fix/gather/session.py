@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import atexit
 import collections
+import logging
 import os
 import threading
 from typing import Any, Optional
 
 from .._diagnostics import warn_once
+from ..config import Settings
 from . import collector as _collector
 from . import records, transport
+from .records import Identity, Site
 
 
 def _warn(text: str) -> None:
@@ -47,20 +50,20 @@ class GatherSession:
         self.lock = threading.RLock()
         self._agreement: Optional[tuple[str, str]] = None  # (this process's setting then, the mode in use)
         self._store: Any = None
-        self._store_reason = "no in_order call yet"
+        self._store_reason: Optional[str] = "no in_order call yet"
         self._opened = False
         self._usable = False  # gather sides opened (stays True after `close`: late calls print locally)
         self._outbox: Optional[transport.Outbox] = None
         self._collector: Optional[_collector.Collector] = None
         self._settings: Any = None
         self._logger_name = "root"
-        self._counts: collections.Counter = collections.Counter()
+        self._counts: collections.Counter[records.Site] = collections.Counter()
         self._main_gone = False
         self._pid: Optional[int] = None  # the process that opened the store connection
 
     # -- which mode -------------------------------------------------------------------------
 
-    def mode(self, state, settings) -> str:
+    def mode(self, state: Any, settings: Settings) -> str:
         """'barrier' or 'gather': the mode of this in_order call, the same on every rank."""
         own = settings.mode()
         agreement = self._agreement
@@ -76,7 +79,7 @@ class GatherSession:
             return "barrier"
         return mode
 
-    def _agree(self, state, settings, own: str) -> str:
+    def _agree(self, state: Any, settings: Settings, own: str) -> str:
         """One bounded round trip through the job's store: the main process's mode, on every rank."""
         store, self._store_reason = transport.open_store(settings.timeout())
         self._pid = os.getpid()
@@ -106,7 +109,7 @@ class GatherSession:
             )
         return main
 
-    def _gather_ready(self, state, settings) -> bool:
+    def _gather_ready(self, state: Any, settings: Settings) -> bool:
         if not self._opened:
             with self.lock:
                 if not self._opened:
@@ -114,7 +117,7 @@ class GatherSession:
                     self._opened = True
         return self._usable
 
-    def _open(self, state, settings) -> None:
+    def _open(self, state: Any, settings: Settings) -> None:
         if self._store is None:
             _warn(f"gather mode needs a torch.distributed c10d store ({self._store_reason}); using barrier mode")
             return
@@ -138,7 +141,9 @@ class GatherSession:
         except Exception as exc:  # a broken handler: say it on stderr rather than lose it
             _warn(f"{text} (handler failed: {exc!r})")
 
-    def log(self, state, adapter, level: int, msg: Any, args: tuple, kwargs: dict, site: tuple) -> None:
+    def log(
+        self, state: Any, adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site
+    ) -> None:
         """One rank's in_order call in gather mode. `site` is the user's call site, the same on every rank."""
         with self.lock:
             try:
@@ -156,15 +161,18 @@ class GatherSession:
             else:
                 self._post(identity, record)
 
-    def _collect(self, adapter, identity, record) -> None:
+    def _collect(self, adapter: Any, identity: Identity, record: Optional[logging.LogRecord]) -> None:
+        collector = self._collector
+        if collector is None:  # `log` saw it; only `close`, under the same lock, drops it
+            return
         self._logger_name = adapter.logger.name
-        self._collector.timeout = self._settings.timeout()  # `configure(timeout=...)` may come later
+        collector.timeout = self._settings.timeout()  # `configure(timeout=...)` may come later
         try:
-            self._collector.emit_call(identity, record)
+            collector.emit_call(identity, record)
         except Exception as exc:  # not expected: the block handles the store and the handlers itself
             _warn(f"gather mode could not collect the other ranks' records: {exc!r}")
 
-    def _post(self, identity, record) -> None:
+    def _post(self, identity: Identity, record: Optional[logging.LogRecord]) -> None:
         if not self._main_gone:
             try:
                 if self._outbox is None:  # at exit, after our side closed: nobody would read it
@@ -178,7 +186,7 @@ class GatherSession:
         self._print_here(record)
 
     @staticmethod
-    def _print_here(record) -> None:
+    def _print_here(record: Optional[logging.LogRecord]) -> None:
         """This process's own handlers: for a record that cannot reach the main process."""
         if record is not None:
             try:
