@@ -42,6 +42,8 @@ import sys
 import threading
 import time
 import timeit
+from multiprocessing.connection import Connection
+from typing import IO, Any, Callable, Optional
 
 from ..gather import collector as _collector
 from ..gather import copies, records, transport
@@ -55,7 +57,8 @@ BURST = 2000  # rank 1's back-to-back posts, for the clean-up's connection (`_bu
 
 # The protocols a run can measure: name -> (main process's inbox type, a rank's outbox type). The
 # installed package measures its own; benchmarks/bench_scale.py adds the old one for the side-by-side.
-PROTOCOLS = {"new": (transport.Inbox, transport.Outbox)}
+Protocols = dict[str, tuple[Any, Any]]
+PROTOCOLS: Protocols = {"new": (transport.Inbox, transport.Outbox)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,26 +66,29 @@ PROTOCOLS = {"new": (transport.Inbox, transport.Outbox)}
 # ---------------------------------------------------------------------------------------------
 
 
-def _connect(port, prefix=None):
+def _connect(port: int, prefix: Optional[str] = None) -> Any:
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=120))
-    return dist.PrefixStore(prefix, store) if prefix else store
+    timeout = datetime.timedelta(seconds=120)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
+    return dist.PrefixStore(prefix, store) if prefix else store  # type: ignore[attr-defined]
 
 
-def _serve(conn):
+def _serve(conn: Connection) -> None:
     import torch.distributed as dist
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
     conn.send(server.port)
     conn.recv()  # until told to stop
 
 
-def _record(count, rank):
+def _record(count: int, rank: int) -> logging.LogRecord:
     return logging.LogRecord(LOGGER, logging.INFO, "/job/bench_scale.py", SITE[2], f"step {count} r{rank}", None, None)
 
 
-def _post_calls(outboxes, first, calls, timings=None):
+def _post_calls(
+    outboxes: list[tuple[int, Any]], first: int, calls: int, timings: Optional[list[float]] = None
+) -> None:
     for count in range(first, first + calls):
         for rank, outbox in outboxes:
             record = _record(count, rank)
@@ -92,7 +98,7 @@ def _post_calls(outboxes, first, calls, timings=None):
                 timings.append(time.perf_counter() - start)
 
 
-def _settle(shares):
+def _settle(shares: list[list[tuple[int, Any]]]) -> None:
     """Until these ranks' clean-ups have run: in a real job they run on the ranks' own CPUs, not the main's."""
     for share in shares:
         for _, outbox in share:
@@ -101,7 +107,7 @@ def _settle(shares):
                 raise RuntimeError(f"rank {outbox.rank}'s clean-up did not finish within 60 s")
 
 
-def _burst(connection, cleanup_connection, number, tag):
+def _burst(connection: Any, cleanup_connection: Any, number: int, tag: str) -> dict[str, float]:
     """Rank 1 posting `number` records back to back, its clean-up deleting each: us per post.
 
     As when a rank logs several in_order records in a row and the main process keeps up (its read marks
@@ -111,29 +117,30 @@ def _burst(connection, cleanup_connection, number, tag):
     import torch.distributed as dist
 
     prefix = f"burst-{tag}/{transport.PREFIX}"
-    store = dist.PrefixStore(prefix, connection)
+    store = dist.PrefixStore(prefix, connection)  # type: ignore[attr-defined]
     marks = transport.Inbox(store, 2)
     marks.cursor[1] = 2**62
     marks.publish()  # the main process's read marks: it has read all of rank 1's records
-    outbox = transport.Outbox(store, 1, cleanup_store=dist.PrefixStore(prefix, cleanup_connection))
-    timings = []
+    cleanup_store = dist.PrefixStore(prefix, cleanup_connection)  # type: ignore[attr-defined]
+    outbox = transport.Outbox(store, 1, cleanup_store=cleanup_store)
+    timings: list[float] = []
     for count in range(1, number + 1):
         record = _record(count, 1)
         start = time.perf_counter()
         outbox.post(*records.encode((SITE, count), record))
         timings.append(time.perf_counter() - start)
-    if not outbox.cleaner.idle(60):
+    if outbox.cleaner is None or not outbox.cleaner.idle(60):
         raise RuntimeError("rank 1's clean-up did not finish within 60 s")
     timings.sort()
     return {"mean_us": statistics.mean(timings) * 1e6, "p90_us": timings[len(timings) * 9 // 10] * 1e6}
 
 
-def _poster(conn, port, threads):
+def _poster(conn: Connection, port: int, threads: int) -> None:
     """A process of simulated ranks: `threads` connections, each posting for its share of the ranks."""
     connections = [_connect(port) for _ in range(threads)]
     # As in a job: a rank's clean-up deletes on the process group's connection, not on its posts' one.
     cleanup = [_connect(port) for _ in range(threads)]
-    shares = []
+    shares: list[list[tuple[int, Any]]] = []
     while True:
         command = conn.recv()
         if command[0] == "setup":  # (setup, prefix, outbox type, ranks)
@@ -142,7 +149,7 @@ def _poster(conn, port, threads):
             _, prefix, outbox_type, ranks = command
             shares = [
                 [
-                    (r, outbox_type(dist.PrefixStore(prefix, c), r, cleanup_store=dist.PrefixStore(prefix, d)))
+                    (r, outbox_type(dist.PrefixStore(prefix, c), r, cleanup_store=dist.PrefixStore(prefix, d)))  # type: ignore[attr-defined]
                     for r in ranks[i::threads]
                 ]
                 for i, (c, d) in enumerate(zip(connections, cleanup))
@@ -163,8 +170,8 @@ def _poster(conn, port, threads):
             )
             continue
         elif command[0] == "timed":  # (timed, first count, calls): this thread, each post timed
-            timings = []
-            _post_calls(shares[0], *command[1:], timings)
+            timings: list[float] = []
+            _post_calls(shares[0], command[1], command[2], timings)
             _settle(shares)
             conn.send(timings)
             continue
@@ -176,7 +183,7 @@ def _poster(conn, port, threads):
 class Cluster:
     """One store server and `procs` poster processes, shared by every run of the benchmark."""
 
-    def __init__(self, procs, threads):
+    def __init__(self, procs: int, threads: int) -> None:
         context = multiprocessing.get_context("spawn")
         server_end, self._server = context.Pipe()
         self.server = context.Process(target=_serve, args=(server_end,), daemon=True)
@@ -190,24 +197,26 @@ class Cluster:
             self.posters.append((process, mine))
         self.probe, self.posters = self.posters[0], self.posters[1:]
 
-    def timed(self, first, calls):
+    def timed(self, first: int, calls: int) -> list[float]:
         """Rank 1's posts of `calls` calls, from a process of its own (a rank's own heap), each timed."""
         conn = self.probe[1]
         conn.send(("timed", first, calls))
-        return conn.recv()
+        timings: list[float] = conn.recv()
+        return timings
 
-    def burst(self, number):
+    def burst(self, number: int) -> dict[str, dict[str, float]]:
         """Rank 1's back-to-back posts (`_burst`), clean-up on the posts' connection and on its own."""
         self.probe[1].send(("burst", number))
-        return self.probe[1].recv()
+        figures: dict[str, dict[str, float]] = self.probe[1].recv()
+        return figures
 
-    def command(self, per_poster):
+    def command(self, per_poster: list[tuple[Any, ...]]) -> None:
         for (_, conn), command in zip(self.posters, per_poster):
             conn.send(command)
         for _, conn in self.posters:
             conn.recv()
 
-    def close(self):
+    def close(self) -> None:
         for process, conn in [self.probe, *self.posters]:
             conn.send(("stop",))
             process.join(10)
@@ -226,13 +235,14 @@ class Cluster:
 class _Timed:
     """The main process's store connection, with the time spent in its calls added up (its store share)."""
 
-    def __init__(self, store):
-        self._store, self.seconds = store, 0.0
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.seconds = 0.0
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         method = getattr(self._store, name)
 
-        def timed(*args):
+        def timed(*args: Any) -> Any:
             start = time.perf_counter()
             try:
                 return method(*args)
@@ -242,7 +252,7 @@ class _Timed:
         return timed
 
 
-def _handler():
+def _handler() -> IO[str]:
     logger = logging.getLogger(LOGGER)
     sink = open(os.devnull, "w")
     handler = logging.StreamHandler(sink)
@@ -253,7 +263,7 @@ def _handler():
     return sink
 
 
-def per_record(number=2000):
+def per_record(number: int = 2000) -> dict[str, float]:
     """Microseconds one record costs the main process outside the store: decoding it, emitting it.
 
     Decoding from the rank's key (`records.from_bytes`) and from a delta copy in the shared slot (what a
@@ -264,23 +274,24 @@ def per_record(number=2000):
     reader.decode(2, copies.parse_slot(copier.line(0, *records.encode((SITE, 1), _record(1, 2))), 3)[0])
     delta = copier.line(1, *records.encode((SITE, 2), _record(2, 2)))
     record = records.from_bytes(payload)[1]
+    assert record is not None  # a record was encoded
     sink = _handler()
 
-    def from_copies(slot):
+    def from_copies(slot: bytes) -> None:
         for line in copies.parse_slot(slot, 3):
-            copies.build(reader.decode(2, line, (SITE, 2))[1])
+            copies.build(reader.decode(2, line, (SITE, 2))[1])  # type: ignore[index,arg-type]
 
     slot = delta * number
 
-    def parse():
+    def parse() -> list[copies.CopyLine]:
         return copies.parse_slot(slot, 3)
 
-    def decode(lines):
-        return [reader.decode(2, line, (SITE, 2))[1] for line in lines]
+    def decode(lines: list[copies.CopyLine]) -> list[Any]:
+        return [reader.decode(2, line, (SITE, 2))[1] for line in lines]  # type: ignore[index]
 
-    def best(function, make_input):
+    def best(function: Callable[[Any], Any], make_input: Callable[[], Any]) -> float:
         """Best of 5 runs of `function` over `number` records, each on a fresh input (decoding changes its lines)."""
-        seconds = []
+        seconds: list[float] = []
         for _ in range(5):
             given = make_input()
             start = time.perf_counter()
@@ -307,7 +318,9 @@ def per_record(number=2000):
     }
 
 
-def run(cluster, ranks, protocol, calls, rounds, tag, protocols=PROTOCOLS):
+def run(
+    cluster: Cluster, ranks: int, protocol: str, calls: int, rounds: int, tag: str, protocols: Protocols = PROTOCOLS
+) -> dict[str, Any]:
     """Measure one protocol (a name in `protocols`) at `ranks` ranks; returns its result dict."""
     inbox_type, outbox_type = protocols[protocol]
     prefix = f"{tag}/{transport.PREFIX}"
@@ -320,10 +333,13 @@ def run(cluster, ranks, protocol, calls, rounds, tag, protocols=PROTOCOLS):
     cluster.probe[1].send(("setup", prefix, outbox_type, [1]))
     cluster.probe[1].recv()
     inbox = inbox_type(main_store, ranks)
-    warnings = []
+    warnings: list[str] = []
     collector = _collector.Collector(inbox, ranks, 60.0, warnings.append)
     sink = _handler()
-    main_per_call, store_per_call, post_seconds, keys_by_round = [], [], [], []
+    main_per_call: list[float] = []
+    store_per_call: list[float] = []
+    post_seconds: list[float] = []
+    keys_by_round: list[int] = []
     try:
         for round_ in range(WARMUP + rounds):
             first = round_ * calls + 1
@@ -359,7 +375,7 @@ def run(cluster, ranks, protocol, calls, rounds, tag, protocols=PROTOCOLS):
 # ---------------------------------------------------------------------------------------------
 
 
-def table(results):
+def table(results: dict[str, Any]) -> str:
     """Markdown table: new protocol beside the old, one row per world size."""
     old = {r["ranks"]: r for r in results.get("old", [])}
     rows = [
@@ -383,7 +399,7 @@ def table(results):
     return "\n".join(rows)
 
 
-def _parser():
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accelerate-inorder-fix bench scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="8,64,256,1024", help="world sizes, comma-separated")
     parser.add_argument("--calls", type=int, default=8, help="in_order calls per round (default 8)")
@@ -397,7 +413,7 @@ def _parser():
     return parser
 
 
-def plot(results, path):
+def plot(results: dict[str, Any], path: str) -> None:
     """Log-log plot of the main process's cost per call against ranks, old protocol vs new."""
     try:
         import matplotlib
@@ -421,9 +437,10 @@ def plot(results, path):
     figure.savefig(path)
 
 
-def main(argv=None, protocols=PROTOCOLS):
+def main(argv: Optional[list[str]] = None, protocols: Protocols = PROTOCOLS) -> dict[str, Any]:
     """Run the benchmark of `protocols` (name -> (inbox type, outbox type)); print the table; return the results."""
     args = _parser().parse_args(argv)
+    results: dict[str, Any]
     if args.from_json:
         with open(args.from_json) as f:
             results = json.load(f)
