@@ -6,31 +6,61 @@ through a process group's collectives: nothing is queued behind NCCL work, no CU
 and a rank that posts never waits for anyone.
 
 Each rank's records form a queue: key `<rank>/<n>` is that rank's n-th in_order record, written
-atomically (`compare_set`). That key is the record. Only the main process reads, in order.
+atomically (`compare_set`). That key is the record. Only the main process reads, in order. Reading
+1,024 keys costs milliseconds of per-key overhead even in one `multi_get`, one value of the same size
+a tenth of a millisecond; so a rank first appends a copy of the record (`copies`) to slot `n % SLOTS`,
+one key all ranks share, and the main process reads that one slot per call. Who writes and deletes what:
 
-Its cost per call must not grow by round trips per rank (a job of 1,024 ranks), nor by work per key:
-torch's `multi_get` of 1,024 keys costs milliseconds of per-key overhead, a `get` of one value of the
-same size a tenth of a millisecond. So a rank, before writing its key, appends a copy of the record
-to slot `n % SLOTS`, one key all ranks share (`copies`). At its call the main process reads that one
-slot, without waiting, and deletes it; it waits (one `wait` on every missing rank's key) only for
-ranks whose copy is not there yet, and reads a rank's key only when its copy cannot give the record.
-Torch releases without `append` or `multi_get`: the same protocol on the keys alone, slower.
+    rank r, its n-th record          the job's store          main process, its call n
+    (Outbox.post, never waits)      (s = n % SLOTS)          (Inbox via Collector.emit_call)
+    --------------------------      ---------------          --------------------------------
+    append(slot/s, copy line) -----> slot/s: + 1 line
+    compare_set(r/n, "", record) --> r/n: the record
+      (TOMBSTONE there: sealed,
+       the rank prints it itself)
+                                     slot/s  <-------------- compare_set(slot/s, UNSET, UNSET): read,
+                                     slot/s  <-------------- delete_key(slot/s)    never waits
+                                                             records of call n from the copies; then,
+                                                             for ranks still missing, until the deadline:
+                                     r/n ... <-------------- wait([r/n, ...], time left)
+                                     r/n ... <-------------- multi_get([r/n, ...])  (copies unusable)
+                                                             emit the block in rank order
+                                     read    <-------------- every PUBLISH_EVERY calls: set(read, marks)
+    clean-up thread (Cleaner), every CLEAN_EVERY posts, on the process group's connection:
+    check(read), get(read) ---------> read
+    delete_key(r/k), k < r's mark -> r/k: gone
+                                                             at exit (Collector.flush -> Inbox.seal),
+                                     r/next  <-------------- compare_set(r/next, "", TOMBSTONE) per rank
 
-The main process deletes nothing else. Every `PUBLISH_EVERY` calls it publishes how far it has read
-each queue (one key, `read`: a little-endian uint64 per rank), and each rank, every `CLEAN_EVERY`
-posts, deletes its own records below that mark: in a thread of its own (`Cleaner`), on the process
-group's own store connection, so that no post waits for a delete.
-The store holds, per rank, the records the main process had not read at that rank's last clean-up
-plus at most `CLEAN_EVERY + PUBLISH_EVERY`, and at most `SLOTS` slots, whatever the number of calls.
+The invariants, each with the test that guards it (unit tests in tests/unit, jobs in tests/jobs):
 
-The only blocking operation is `wait`, always with an explicit deadline; the connection's own
-timeout is bounded too, so a dead store cannot hang a rank for the process group's 30 minutes.
+- A rank appends its copy before it writes its key, so taking the copy takes the record: every record
+  comes out exactly once (test_collector_delivery.py::test_every_record_exactly_once_in_rank_order_within_the_bound).
+- The key is the record: a copy that is missing, damaged or read too early costs only itself, and the
+  main process reads the key (test_collector.py::test_record_whose_copy_is_gone_or_damaged_comes_from_its_own_key).
+- A delta copy is used only against the full copy the main process decoded as its base
+  (test_copies.py::test_a_delta_whose_base_was_not_read_is_not_used).
+- The main process deletes nothing but the slot it read, and writes its read marks every
+  `PUBLISH_EVERY` calls (test_collector.py::test_main_process_deletes_only_the_slot_it_read_and_publishes_rarely).
+- A rank deletes only its own records below the main process's mark
+  (test_collector.py::test_rank_deletes_only_what_the_main_process_has_read), in its clean-up thread, so no
+  post waits for a delete (test_copies.py::test_a_rank_cleans_up_off_its_post), on the process group's
+  connection (test_copies.py::test_a_rank_cleans_up_on_the_process_groups_connection_not_its_posts_one).
+- The store holds, per rank, what the main process had not read at the rank's last clean-up plus at
+  most `CLEAN_EVERY + PUBLISH_EVERY` records, and at most `SLOTS` slots, whatever the number of calls
+  (test_collector.py::test_store_size_stays_bounded_whatever_the_number_of_calls;
+  test_gather_scale.py::test_sixteen_ranks_gather_every_record_once_in_order_with_a_bounded_store).
+- The only blocking call is `wait`, always with the time left to the deadline
+  (test_collector.py::test_deadline_bounds_the_wait_and_names_the_missing_rank); the connection's own
+  timeout is bounded too, so a dead store cannot hang a rank for the process group's 30 minutes.
+- The seal: at exit the main process writes a tombstone at each queue's next key, atomically, taking
+  whatever a rank posted there first; a rank posts the same atomic way, so a record either lands before
+  the seal (the main process emits it) or meets the tombstone (the rank prints it): never both, never
+  neither (test_faults.py::test_gather_mode_emits_every_record_exactly_once_under_faults, case `main_first`).
 
-At exit the main process *seals* each queue: it writes a tombstone at the next free key, atomically
-(`compare_set`), taking whatever a rank posted there first. A rank posts the same atomic way, so a
-record either lands before the seal (the main process emits it) or meets the tombstone (the rank
-prints it itself): never both, never neither. The same store carries the main process's mode word,
-read once by every rank at its first in_order call.
+Torch releases without `append` or `multi_get`: the same protocol on the keys alone, slower
+(test_collector.py::test_older_stores_give_the_same_blocks_from_the_keys). The same store carries the
+main process's mode word, read once by every rank at its first in_order call.
 """
 
 from __future__ import annotations
