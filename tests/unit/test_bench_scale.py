@@ -2,6 +2,7 @@
 old protocol kept in benchmarks/ (outside the package) is a faithful reference (pure logic)."""
 
 import ast
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from fake_store import FakeStore
 
 from accelerate_inorder_fix.gather import collector as _collector
-from accelerate_inorder_fix.gather import transport
+from accelerate_inorder_fix.gather import copies, transport
 from accelerate_inorder_fix.tools import bench_scale, cli
 from benchmarks import bench_scale as developer_bench
 
@@ -60,11 +61,56 @@ def test_legacy_protocol_gives_the_same_blocks_one_round_trip_per_step_per_rank(
     logger.handlers[:] = []
 
 
-def test_table_puts_the_old_protocol_beside_the_new():
-    new = {"ranks": 8, "main_ms_per_call": 0.5, "main_store_ms_per_call": 0.1, "rank_us_per_call": 50.0}
-    old = dict(new, main_ms_per_call=1.5, rank_us_per_call=40.0)
-    text = bench_scale.table({"results": [dict(new, store_keys_after=9, store_keys_by_round=[9, 9])], "old": [old]})
-    assert "| 8 | 0.50 | 0.10 | 1.50 | 3.0x | 50 | 40 | 9 | 9, 9 |" in text
+def test_table_puts_the_old_protocol_beside_the_new_for_one_arrival():
+    new = {
+        "ranks": 8, "arrival": "concurrent", "protocol": "new", "main_ms_per_call": 0.5, "main_cpu_ms_per_call": 0.2,
+        "main_store_ms_per_call": 0.1, "rank_us_per_call": 50.0, "records_emitted": 720, "records_expected": 720,
+        "posts_late_ms_p90": 0.0, "store_keys_after": 9,
+    }  # fmt: skip
+    old = dict(new, protocol="old", main_ms_per_call=1.5, rank_us_per_call=40.0)
+    floor = dict(new, arrival="preposted", main_ms_per_call=0.25)
+    text = bench_scale.table([new, old, floor], "concurrent")
+    assert "| 8 | 0.50 | 0.20 | 0.10 | 1.50 | 3.0x | 50 | 40 | 720 / 720 | 0.0 | 9 |" in text
+    assert "0.25" not in text
+
+
+def test_concurrent_arrivals_spread_each_call_over_its_step_the_same_for_every_protocol():
+    schedule = bench_scale.Schedule(start=100.0, first=9, step=0.06, spread=0.01, seed=0)
+    times = [schedule.at(rank, count) - 100.0 for count in (9, 10) for rank in range(64)]
+    assert all(0.0 <= t <= 0.01 for t in times[:64]) and all(0.06 <= t <= 0.07 for t in times[64:])
+    assert len(set(times)) == len(times)  # drawn, not all at once
+    assert times == [dataclasses.replace(schedule).at(r, c) - 100.0 for c in (9, 10) for r in range(64)]
+
+
+def test_a_decoder_that_drops_delta_copies_fails_the_count(monkeypatch):
+    """The mutation the count exists for: delta copies decoded into nothing emit fewer records, silently."""
+    store, world_size = FakeStore(), 4
+    real = copies.CopyReader.decode
+
+    def drops_deltas(self, rank, line, current=None):
+        decoded = real(self, rank, line, current)
+        return (decoded[0], None) if decoded is not None and len(line) == copies.DeltaCopy.LENGTH else decoded
+
+    sink, counter = bench_scale._handlers()
+    outboxes = [(r, transport.Outbox(store, r, background=False)) for r in range(1, world_size)]
+    collector = _collector.Collector(transport.Inbox(store, world_size), world_size, 1.0, pytest.fail)
+    try:
+        for mutated in (False, True):
+            if mutated:
+                monkeypatch.setattr(copies.CopyReader, "decode", drops_deltas)
+            before = counter.count
+            for count in range(1 + 4 * mutated, 5 + 4 * mutated):
+                bench_scale._post_calls(outboxes, count, 1)
+                collector.emit_call((bench_scale.SITE, count), bench_scale._record(count, 0))
+            emitted = counter.count - before
+            if not mutated:
+                bench_scale.check_delivery("sound", emitted, 4 * world_size, [])
+                continue
+            with pytest.raises(bench_scale.CountError, match="emitted 4 records, the ranks posted 16"):
+                bench_scale.check_delivery("mutated", emitted, 4 * world_size, [])  # only rank 0's came out
+    finally:
+        sink.close()
+        logging.getLogger(bench_scale.LOGGER).handlers[:] = []
 
 
 def test_per_record_figures_are_measured():
