@@ -31,7 +31,10 @@ from ._upstream import UpstreamBody
 
 
 _getframe: Callable[[int], Any] = sys._getframe  # the seam: frame 1 is the caller of the function that calls it
-_WRAPPER_CODES: set[CodeType] = set()  # our wrapper's code: every wrapper made shares it
+# Our wrapper's code (every wrapper made shares it), kept alive, and looked up by id: hashing a code
+# object hashes its bytecode, microseconds on every call.
+_WRAPPER_CODES: list[CodeType] = []
+_WRAPPER_IDS: set[int] = set()
 _WARNING_CODE = logging.LoggerAdapter.warning.__code__
 _ACCELERATE_LOGGING = os.path.join("accelerate", "logging.py")
 _LIMIT = 64  # frames walked at most: a wrapper further up than this is not ours to count from
@@ -39,7 +42,8 @@ _LIMIT = 64  # frames walked at most: a wrapper further up than this is not ours
 
 def mark_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
     """Mark `function` as the wrapper the arithmetic counts from (its frame, found by its code)."""
-    _WRAPPER_CODES.add(function.__code__)
+    _WRAPPER_CODES.append(function.__code__)
+    _WRAPPER_IDS.add(id(function.__code__))
     return function
 
 
@@ -48,7 +52,7 @@ def _up_to_wrapper(frame: Any) -> tuple[Any, int]:
     for below in range(_LIMIT):
         if frame is None:
             break
-        if frame.f_code in _WRAPPER_CODES:
+        if id(frame.f_code) in _WRAPPER_IDS:
             return frame, below
         frame = frame.f_back
     return None, 0
@@ -56,20 +60,23 @@ def _up_to_wrapper(frame: Any) -> tuple[Any, int]:
 
 def _above_wrapper(wrapper: Any, body: UpstreamBody) -> Any:
     """The frame that called upstream's `log`: above the wrapper and wrapt's own frames."""
-    frame = wrapper
-    for _ in range(1 + body.wrapper_frames):
+    frame = wrapper.f_back
+    for _ in range(body.wrapper_frames):  # none with wrapt's C extension
         if frame is None:
             return None
         frame = frame.f_back
     return frame
 
 
-def default_stacklevel(body: UpstreamBody) -> int:
-    """Upstream's default `stacklevel` (2: the frame above `log`), moved past `warning_once` (3)."""
-    wrapper, _ = _up_to_wrapper(_getframe(1))
-    frame = _above_wrapper(wrapper, body) if wrapper is not None else None
-    if frame is not None and frame.f_code is _WARNING_CODE:
-        caller = frame.f_back
+def _default_stacklevel(frame: Any, body: UpstreamBody) -> int:
+    """Upstream's default `stacklevel` (2: the frame above `log`), moved past `warning_once` (3).
+
+    `frame` is the wrapper's own on every plain call: that case skips the walk (the hot path).
+    """
+    wrapper = frame if id(frame.f_code) in _WRAPPER_IDS else _up_to_wrapper(frame)[0]
+    above = _above_wrapper(wrapper, body) if wrapper is not None else None
+    if above is not None and above.f_code is _WARNING_CODE:
+        caller = above.f_back
         if caller is not None and caller.f_code is body.warning_once_code:
             return 3
     return 2
@@ -80,7 +87,8 @@ def caller_stacklevel(body: UpstreamBody, kwargs: dict[str, Any]) -> int:
 
     A function below the wrapper that makes the call adds its own frames (`counted_from_here`).
     """
-    return int(kwargs.get("stacklevel") or default_stacklevel(body)) + body.wrapper_frames
+    level = kwargs.get("stacklevel") or _default_stacklevel(_getframe(1), body)  # the walk starts at the caller
+    return int(level) + body.wrapper_frames
 
 
 def counted_from_here(kwargs: dict[str, Any], callee: bool = False) -> dict[str, Any]:

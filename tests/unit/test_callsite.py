@@ -39,7 +39,7 @@ def _body(wrapper_frames=0, warning_once_code=None):
 @pytest.fixture
 def stack(monkeypatch):
     """Install a fake stack: frame 1 (the caller of the `_callsite` function) is its innermost frame."""
-    monkeypatch.setattr(_callsite, "_WRAPPER_CODES", {WRAPPER})
+    monkeypatch.setattr(_callsite, "_WRAPPER_IDS", {id(WRAPPER)})
 
     def install(*codes):
         innermost = _stack(*codes)
