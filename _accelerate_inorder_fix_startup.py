@@ -69,7 +69,7 @@ LINE = (
 state = {"armed": False, "fired": False, "imported_package": False, "error": None}
 
 
-def switch():
+def switch() -> str:
     """'off', 'force' or 'on', from `ACCELERATE_INORDER_FIX` (unset means 'on')."""
     value = os.environ.get(SWITCH_ENV, "").strip().lower()
     if value in OFF_WORDS:
@@ -79,12 +79,12 @@ def switch():
     return "on"
 
 
-def startup_switch():
+def startup_switch() -> str:
     """'off' when `ACCELERATE_INORDER_FIX_STARTUP` turns the start-up hook (only) off, else 'on'."""
     return "off" if os.environ.get(STARTUP_ENV, "").strip().lower() in OFF_WORDS else "on"
 
 
-def line_armed():
+def line_armed() -> bool:
     """True when the line's finder is on `sys.meta_path`, waiting for accelerate.logging.
 
     It arms the hook then unless a switch is off (`switch()`, `startup_switch()`).

@@ -1,10 +1,22 @@
-"""All caller-frame arithmetic: which frame is the user's call site.
+"""All caller-frame arithmetic: which frame is the user's call site, and what `stacklevel` points there.
 
-`logging` reports the caller through `stacklevel`: 1 is the frame that calls `Logger.log`. Between the
-user's `logger.info(...)` and us stand `LoggerAdapter.info`, upstream's `log` (now our wrapper), wrapt's
-frames when it runs without its C extension, and for `warning_once` one more frame of accelerate's own.
-Every function here takes `depth`: how many frames stand between its caller and the wrapper, so that
-the arithmetic lives in one place and each caller only counts its own frames.
+The stack of an in_order call, innermost last (a plain call has no frames of ours below the wrapper):
+
+    user code               logger.info("...", in_order=True)     <- the call site: records point here
+    LoggerAdapter.info      logging's own frame (findCaller skips logging's frames, they count 0)
+    [warning_once]          accelerate's frame, only for `warning_once` (upstream's default is then 3)
+    [wrapt frames]          `body.wrapper_frames`: 0 with wrapt's C extension
+    log_in_order            our wrapper (upstream's `log`): found by its code object, never by a count
+    [our frames]            `_wrapper._emit`; `GatherSession.log` -> `records.capture`
+    ... -> Logger.log       `stacklevel` 1 is the frame that calls it
+
+One counting rule. The wrapper sets `stacklevel` as if it called `Logger.log` itself: the user's own
+(which counts from upstream's `log` frame, as upstream's does) or upstream's default, plus wrapt's
+frames (`caller_stacklevel`). The function that does call `Logger.log` then adds the frames between
+itself and the wrapper, counted by walking up to the wrapper's frame (`counted_from_here`). Nobody
+writes a frame count: a helper added between the wrapper and `Logger.log` is counted by the walk.
+
+`_getframe` is the one way in: unit tests put a chain of fake frames there.
 """
 
 from __future__ import annotations
@@ -12,38 +24,84 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from types import CodeType
+from typing import Any, Callable
 
 from ._upstream import UpstreamBody
 
 
+_getframe: Callable[[int], Any] = sys._getframe  # the seam: frame 1 is the caller of the function that calls it
+# Our wrapper's code (every wrapper made shares it), kept alive, and looked up by id: hashing a code
+# object hashes its bytecode, microseconds on every call.
+_WRAPPER_CODES: list[CodeType] = []
+_WRAPPER_IDS: set[int] = set()
 _WARNING_CODE = logging.LoggerAdapter.warning.__code__
 _ACCELERATE_LOGGING = os.path.join("accelerate", "logging.py")
+_LIMIT = 64  # frames walked at most: a wrapper further up than this is not ours to count from
 
 
-def _frame_above_wrapper(body: UpstreamBody, depth: int):
-    # 0 is this helper, 1 its caller here, 2 + depth the wrapper, 3 + depth the frame that called it.
-    return sys._getframe(3 + depth + body.wrapper_frames)
+def mark_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark `function` as the wrapper the arithmetic counts from (its frame, found by its code)."""
+    _WRAPPER_CODES.append(function.__code__)
+    _WRAPPER_IDS.add(id(function.__code__))
+    return function
 
 
-def default_stacklevel(body: UpstreamBody, depth: int) -> int:
-    """Upstream's default `stacklevel` (2: the frame above `log`), moved past `warning_once`.
+def _up_to_wrapper(frame: Any) -> tuple[Any, int]:
+    """(the nearest wrapper frame at or above `frame`, frames between them), or (None, 0) if none."""
+    for below in range(_LIMIT):
+        if frame is None:
+            break
+        if id(frame.f_code) in _WRAPPER_IDS:
+            return frame, below
+        frame = frame.f_back
+    return None, 0
 
-    `depth`: frames between this function's caller and the wrapper (0: the wrapper calls it).
+
+def _above_wrapper(wrapper: Any, body: UpstreamBody) -> Any:
+    """The frame that called upstream's `log`: above the wrapper and wrapt's own frames."""
+    frame = wrapper.f_back
+    for _ in range(body.wrapper_frames):  # none with wrapt's C extension
+        if frame is None:
+            return None
+        frame = frame.f_back
+    return frame
+
+
+def _default_stacklevel(frame: Any, body: UpstreamBody) -> int:
+    """Upstream's default `stacklevel` (2: the frame above `log`), moved past `warning_once` (3).
+
+    `frame` is the wrapper's own on every plain call: that case skips the walk (the hot path).
     """
-    frame = _frame_above_wrapper(body, depth)  # the frame that called `log`
-    if frame.f_code is _WARNING_CODE and frame.f_back is not None and frame.f_back.f_code is body.warning_once_code:
-        return 3
+    wrapper = frame if id(frame.f_code) in _WRAPPER_IDS else _up_to_wrapper(frame)[0]
+    above = _above_wrapper(wrapper, body) if wrapper is not None else None
+    if above is not None and above.f_code is _WARNING_CODE:
+        caller = above.f_back
+        if caller is not None and caller.f_code is body.warning_once_code:
+            return 3
     return 2
 
 
-def caller_stacklevel(body: UpstreamBody, kwargs: dict[str, Any], log_depth: int) -> int:
-    """The `stacklevel` for a `Logger.log` call made `log_depth` frames below the wrapper.
+def caller_stacklevel(body: UpstreamBody, kwargs: dict[str, Any]) -> int:
+    """The `stacklevel` for a `Logger.log` call made by the wrapper itself; called by the wrapper.
 
-    Called by the wrapper itself. A user's own `stacklevel` counts from upstream's `log` frame, as
-    upstream's does; the frames between the wrapper and the call to `Logger.log` are added.
+    A function below the wrapper that makes the call adds its own frames (`counted_from_here`).
     """
-    return (kwargs.get("stacklevel") or default_stacklevel(body, 1)) + log_depth + body.wrapper_frames
+    level = kwargs.get("stacklevel") or _default_stacklevel(_getframe(1), body)  # the walk starts at the caller
+    return int(level) + body.wrapper_frames
+
+
+def counted_from_here(kwargs: dict[str, Any], callee: bool = False) -> dict[str, Any]:
+    """A copy of `kwargs` whose `stacklevel` (set by the wrapper) counts from the caller of this function.
+
+    The caller calls `Logger.log` itself; with `callee`, the function it calls next does (one frame more).
+    Called outside any wrapper, `kwargs` come back unchanged.
+    """
+    _, below = _up_to_wrapper(_getframe(1))
+    kwargs = dict(kwargs)
+    if "stacklevel" in kwargs:
+        kwargs["stacklevel"] += below + callee
+    return kwargs
 
 
 def _is_adapter_frame(filename: str) -> bool:
@@ -51,21 +109,15 @@ def _is_adapter_frame(filename: str) -> bool:
     return filename == logging.__file__ or filename.endswith(_ACCELERATE_LOGGING)
 
 
-def call_site(body: UpstreamBody, depth: int) -> tuple[str, str, int]:
+def call_site(body: UpstreamBody) -> tuple[str, str, int]:
     """(file name, function, line) of the user's code that called the logger: the same on every rank.
 
-    `depth`: frames between this function's caller and the wrapper (0: the wrapper calls it).
     Only the call's identity across ranks; the record's own caller info comes from the logger.
     """
-    frame = _frame_above_wrapper(body, depth)
+    wrapper, _ = _up_to_wrapper(_getframe(1))
+    frame = _above_wrapper(wrapper, body) if wrapper is not None else None
     while frame is not None and _is_adapter_frame(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
         return ("?", "?", 0)
     return (os.path.basename(frame.f_code.co_filename), frame.f_code.co_name, frame.f_lineno)
-
-
-def one_frame_deeper(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` for a `Logger.log` call made one frame further from the user than planned."""
-    kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
-    return kwargs

@@ -17,7 +17,8 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 import wrapt
 
@@ -72,7 +73,7 @@ class Patcher:
         self._hook_registered = False
         self._warned = False
         self._warned_stuck = False
-        self._installed: Optional[wrapt.FunctionWrapper] = None
+        self._installed: Optional[wrapt.FunctionWrapper[Any, Any]] = None
 
     def _ours_in(self, cls: type) -> bool:
         return self._installed is not None and any(
@@ -121,6 +122,8 @@ class Patcher:
             if cls is None or not self._ours_in(cls):
                 return
             ours = self._installed
+            if ours is None:  # `_ours_in` said it is there
+                return
             chain = list(_wrapper_chain(cls.__dict__["log"]))
             index = next(i for i, w in enumerate(chain) if w is ours)
             if index == 0:

@@ -18,8 +18,8 @@ import io
 import sys
 import textwrap
 import tokenize
-from types import CodeType
-from typing import Callable, Optional
+from types import CodeType, FrameType
+from typing import Any, Callable, Optional
 
 import wrapt
 
@@ -63,7 +63,7 @@ def fingerprint_source(source: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def fingerprint(func: Callable) -> Optional[str]:
+def fingerprint(func: Callable[..., Any]) -> Optional[str]:
     """Fingerprint a function object, or return None when its source cannot be read."""
     try:
         source = inspect.getsource(func)
@@ -75,9 +75,10 @@ def fingerprint(func: Callable) -> Optional[str]:
         return None
 
 
-def known_release_line(func: Callable) -> Optional[str]:
+def known_release_line(func: Callable[..., Any]) -> Optional[str]:
     """The upstream release line whose `log` body `func` is, or None when it is not one we know."""
-    return KNOWN_BODIES.get(fingerprint(func))
+    found = fingerprint(func)
+    return None if found is None else KNOWN_BODIES.get(found)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,16 +113,18 @@ def count_wrapper_frames() -> int:
     """How many Python frames a wrapt method wrapper adds between a method's caller and the wrapper."""
 
     class Probe:
-        def method(self):
-            return None
+        def method(self) -> int:
+            return 0
 
-    def wrapper(wrapped, instance, args, kwargs):
-        frame, depth = sys._getframe(1), 0
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> int:
+        frame: Optional[FrameType] = sys._getframe(1)
+        depth = 0
         while frame is not None and frame.f_code is not call_probe.__code__:
-            frame, depth = frame.f_back, depth + 1
+            frame = frame.f_back
+            depth += 1
         return depth
 
-    def call_probe():
+    def call_probe() -> int:
         return Probe().method()
 
     wrapt.wrap_function_wrapper(Probe, "method", wrapper)

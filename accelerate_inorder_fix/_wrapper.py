@@ -25,18 +25,18 @@ from .config import SETTINGS, Settings
 from .gather import GATHER, GatherSession
 
 
-def _emit(adapter, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
+def _emit(adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Emit one record through the rank's own logger, exactly as upstream's working path does."""
     if not adapter.isEnabledFor(level):
         return
     try:
-        msg, kwargs = adapter.process(msg, kwargs)
+        msg, kwargs = adapter.process(msg, _callsite.counted_from_here(kwargs))
         adapter.logger.log(level, msg, *args, **kwargs)
     except Exception as exc:  # a filter or handler that raises must not skip the barrier after it
         warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
 
 
-def _barrier(state) -> bool:
+def _barrier(state: Any) -> bool:
     """Upstream's own synchronisation. False when it failed (the job is already broken)."""
     try:
         state.wait_for_everyone()
@@ -46,13 +46,14 @@ def _barrier(state) -> bool:
     return True
 
 
-def _in_turns(state, adapter, level: int, msg: Any, args: tuple, kwargs: dict, first_turn: int) -> None:
+def _in_turns(
+    state: Any, adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], first_turn: int
+) -> None:
     """Barrier mode: a rank emits in its own turn, and every rank takes the barrier after each turn.
 
     Rank 0 has emitted before the check-in; turns start at `first_turn` (1 when the check-in stood for
     the barrier after rank 0's turn).
     """
-    _callsite.one_frame_deeper(kwargs)  # `_emit` is called from here, not from the wrapper
     rank = state.process_index
     for turn in range(first_turn, state.num_processes):
         if turn == rank and rank != 0:
@@ -63,21 +64,24 @@ def _in_turns(state, adapter, level: int, msg: Any, args: tuple, kwargs: dict, f
             return
 
 
-def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: GatherSession = GATHER) -> Callable:
+def make_log_wrapper(
+    body: UpstreamBody, settings: Settings = SETTINGS, gather: GatherSession = GATHER
+) -> Callable[..., Any]:
     """The wrapt wrapper for `MultiProcessAdapter.log(level, msg, *args, **kwargs)`, bound to `body`.
 
     Imports accelerate: call it once accelerate.logging is loaded.
     """
     from accelerate.state import PartialState
 
-    def log_in_order(wrapped, instance, args, kwargs):
+    @_callsite.mark_wrapper
+    def log_in_order(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         in_order = kwargs.get("in_order")
         if not PartialState._shared_state or not (in_order or body.restatable):
             # Upstream's RuntimeError, word for word; or the plain path of a forced unknown body, or of
             # another library's wrapper beneath ours, which must see its calls (the in_order path is
-            # replaced all the same). What we call is one frame below us: its caller is one further.
-            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 1)
-            return wrapped(*args, **kwargs)
+            # replaced all the same). What we call calls `Logger.log`, a frame further from the user.
+            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
+            return wrapped(*args, **_callsite.counted_from_here(kwargs, callee=True))
         if not in_order:
             # The plain path, every log call of a job. The three known upstream bodies agree on it:
             # drop what the level drops, gate on main_process_only, emit through process(). Restated
@@ -89,7 +93,7 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
             kwargs.pop("in_order", None)
             if not instance._should_log(kwargs.pop("main_process_only", True)):
                 return None
-            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 0)
+            kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
             msg, kwargs = instance.process(args[1], kwargs)
             instance.logger.log(level, msg, *args[2:], **kwargs)
             return None
@@ -97,8 +101,8 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
         level, msg, *rest = args
         kwargs.pop("in_order")
         kwargs.pop("main_process_only", None)
-        # `_emit` and the gather session log one frame below this wrapper.
-        kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs, 1)
+        # As if this wrapper called `Logger.log`: `_emit` and the gather session count their own frames.
+        kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
         state = PartialState()
         if state.num_processes <= 1:
             _emit(instance, level, msg, rest, kwargs)
@@ -106,7 +110,7 @@ def make_log_wrapper(body: UpstreamBody, settings: Settings = SETTINGS, gather: 
         # One in_order call at a time per process: each call's N barriers pair up across ranks even
         # when several threads log, and a gather call's record and count stay together.
         with gather.lock:
-            site = _callsite.call_site(body, 0)
+            site = _callsite.call_site(body)
             if gather.mode(state, settings) == "gather":
                 gather.log(state, instance, level, msg, rest, kwargs, site)
                 return None

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import Optional
+from typing import Any, Callable, Optional
 
 # The start-up hook reads the switch without importing this package (wrapt, accelerate); its words
 # live in that tiny top-level module and are shared from there.
@@ -107,7 +107,7 @@ class Settings:
         """How many `configure(mode=...)` calls this process has made: each is a switch made on every rank."""
         return self._mode_generation
 
-    def _from_env(self, name: str, parse, default):
+    def _from_env(self, name: str, parse: Callable[[str], Any], default: Any) -> Any:
         raw = os.environ.get(name)
         if raw is None or not raw.strip():
             return default
@@ -125,7 +125,7 @@ class Settings:
         """Seconds a gather-mode wait may last."""
         return self._timeout or self._from_env(TIMEOUT_ENV, parse_timeout, DEFAULT_TIMEOUT)
 
-    def _source(self, override: object, name: str, parse) -> str:
+    def _source(self, override: object, name: str, parse: Callable[[str], Any]) -> str:
         """Where a setting comes from: 'configure()', the variable's name, or 'default'."""
         if override:
             return "configure()"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command (README's, and CI's through .ci/run): set up (idempotent), the lint (fail fast), then
-# pytest: the whole suite, or what the arguments name (`bash scripts/test.sh tests/unit`: the unit tier,
-# under a minute). Every multi-rank test has a hard timeout that kills the job's whole process tree.
+# The test command (README's, and CI's through .ci/run): set up (idempotent), the lint (ruff,
+# import-linter, mypy --strict; fail fast), then pytest: the whole suite, or what the arguments name
+# (`bash scripts/test.sh tests/unit`: the unit tier, under a minute). Every multi-rank test has a hard timeout that kills the job's whole process tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,6 +11,7 @@ BIN=${AIF_VENV:-.venv}/bin
 "$BIN/lint-imports"
 # The oldest Python claimed (requires-python): the package, its tests and benchmarks use nothing newer.
 "$BIN/vermin" -t=3.9- --no-tips --violations --eval-annotations -q accelerate_inorder_fix tests benchmarks _accelerate_inorder_fix_startup.py
+"$BIN/mypy"  # strict, on the package ([tool.mypy] in pyproject.toml)
 status=0
 "$BIN/python" -m pytest "$@" || status=$?
 if [ "$status" = 5 ]; then

@@ -18,9 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from .._callsite import one_frame_deeper
+from .._callsite import counted_from_here
+
+
+Site = tuple[str, str, int]  # (file name, function, line) of the user's in_order call
+Identity = tuple[Site, int]  # a call: its site, and how many times this rank has called from there
 
 
 # The wire format's version: a main process refuses payloads of any other (nodes must run one release).
@@ -74,33 +78,35 @@ class _Catch:
     Other threads logging through the same logger meanwhile pass it untouched.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.thread = threading.get_ident()
-        self.record = None
+        self.record: Optional[logging.LogRecord] = None
 
-    def filter(self, record):
+    def filter(self, record: logging.LogRecord) -> bool:
         if threading.get_ident() != self.thread:
             return True
         self.record = record
         return False
 
 
-def capture(adapter, level, msg, args, kwargs):
+def capture(
+    adapter: logging.LoggerAdapter[Any], level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Optional[logging.LogRecord]:
     """The record this rank's logger makes for the call, or None when its level/filters drop it.
 
-    Called by a function that the wrapper calls directly (as `_wrapper._emit` is), so the caller
-    `stacklevel` in `kwargs` needs one more frame for this one.
+    `kwargs["stacklevel"]` counts from the wrapper, which this function is some frames below
+    (`_callsite`: the frames are counted, not written down).
     """
     if not adapter.isEnabledFor(level):
         return None
-    msg, kwargs = adapter.process(msg, one_frame_deeper(dict(kwargs)))
+    msg, processed = adapter.process(msg, counted_from_here(kwargs))
     logger = adapter.logger
     catch = _Catch()
     # Appended last: the logger's own filters run first, and one that rejects stops the record here
     # exactly as it would stop it before the handlers.
     logger.addFilter(catch)
     try:
-        logger.log(level, msg, *args, **kwargs)
+        logger.log(level, msg, *args, **processed)
     finally:
         logger.removeFilter(catch)
     return catch.record
@@ -150,7 +156,7 @@ def _as_data(value: Any) -> Any:
     return value if _is_data(value) else _repr(value)
 
 
-def _record_values(record: logging.LogRecord) -> list:
+def _record_values(record: logging.LogRecord) -> list[Any]:
     """The record as plain data in wire order: `FIELDS`, `args` and `exc_info` (None), then the others.
 
     As `logging.handlers.QueueHandler.prepare` does: the message is merged with its args and the
@@ -209,7 +215,7 @@ def dumps(document: Any) -> bytes:
     return "".join(_C_ENCODER(document, 0)).encode("ascii")
 
 
-def to_bytes(identity: tuple, record: Optional[logging.LogRecord]) -> bytes:
+def to_bytes(identity: Identity, record: Optional[logging.LogRecord]) -> bytes:
     """Serialise `(identity, record)` for the wire; `record` may be None (the "nothing" marker).
 
     `identity` is `((file name, function, line), count)`. A record attribute that is not plain data
@@ -219,7 +225,7 @@ def to_bytes(identity: tuple, record: Optional[logging.LogRecord]) -> bytes:
     return encode(identity, record)[0]
 
 
-def encode(identity: tuple, record: Optional[logging.LogRecord]) -> tuple[bytes, list]:
+def encode(identity: Identity, record: Optional[logging.LogRecord]) -> tuple[bytes, list[Any]]:
     """`(to_bytes(identity, record), the plain-data document those bytes are)`."""
     (filename, function, line), count = identity
     if record is None:
@@ -240,7 +246,7 @@ def encode(identity: tuple, record: Optional[logging.LogRecord]) -> tuple[bytes,
         return dumps(document), document
 
 
-def _identity(call: Any, count: Any) -> tuple:
+def _identity(call: Any, count: Any) -> Identity:
     if type(call) is list and len(call) == 3 and type(count) is int:
         filename, function, line = call
         if type(filename) is str and type(function) is str and type(line) is int:
@@ -263,7 +269,7 @@ def _record(values: Any) -> logging.LogRecord:
     return record
 
 
-def from_document(document: Any) -> tuple[tuple, Optional[logging.LogRecord]]:
+def from_document(document: Any) -> tuple[Identity, Optional[logging.LogRecord]]:
     """`(identity, LogRecord or None)` from a parsed payload; `MalformedRecord` if it is not one."""
     if type(document) is not list or len(document) != 4 or type(document[0]) is not int or document[0] != VERSION:
         raise MalformedRecord(f"not a version-{VERSION} record of accelerate-inorder-fix")
@@ -272,7 +278,7 @@ def from_document(document: Any) -> tuple[tuple, Optional[logging.LogRecord]]:
     return identity, (None if data is None else _record(data))
 
 
-def from_bytes(payload: bytes) -> tuple[tuple, Optional[logging.LogRecord]]:
+def from_bytes(payload: bytes) -> tuple[Identity, Optional[logging.LogRecord]]:
     """`(identity, LogRecord or None)` from `to_bytes` output.
 
     Only JSON is parsed: nothing in the payload is executed or imported. Anything else (serialised
@@ -287,7 +293,7 @@ def from_bytes(payload: bytes) -> tuple[tuple, Optional[logging.LogRecord]]:
     return from_document(document)
 
 
-def decode(payload: bytes) -> Any:
+def decode(payload: bytes) -> Union[tuple[Identity, Optional[logging.LogRecord]], MalformedRecord]:
     """`from_bytes(payload)`, or the `MalformedRecord` saying why it is not a record (returned, not raised)."""
     try:
         return from_bytes(payload)

@@ -32,14 +32,17 @@ from __future__ import annotations
 
 import atexit
 import collections
+import logging
 import os
 import threading
 from typing import Any, Callable, Optional
 
 from .._diagnostics import warn_once
+from ..config import Settings
 from . import checkin as _checkin
 from . import collector as _collector
 from . import records, transport
+from .records import Identity, Site
 
 
 def _warn(text: str) -> None:
@@ -59,7 +62,7 @@ class GatherSession:
         # (this process's setting then, its configure() generation then, the mode in use)
         self._agreement: Optional[tuple[str, int, str]] = None
         self._store: Any = None
-        self._store_reason = "no in_order call yet"
+        self._store_reason: Optional[str] = "no in_order call yet"
         self._opened = False
         self._usable = False  # gather sides opened (stays True after `close`: late calls print locally)
         self._outbox: Optional[transport.Outbox] = None
@@ -67,13 +70,13 @@ class GatherSession:
         self._checkin: Optional[_checkin.CheckIn] = None
         self._settings: Any = None
         self._logger_name = "root"
-        self._counts: collections.Counter = collections.Counter()
+        self._counts: collections.Counter[records.Site] = collections.Counter()
         self._main_gone = False
         self._pid: Optional[int] = None  # the process that opened the store connection
 
     # -- which mode -------------------------------------------------------------------------
 
-    def mode(self, state, settings) -> str:
+    def mode(self, state: Any, settings: Settings) -> str:
         """'barrier' or 'gather': the mode of this in_order call, the same on every rank."""
         own = settings.mode()
         agreement = self._agreement
@@ -89,7 +92,7 @@ class GatherSession:
             return "barrier"
         return mode
 
-    def _agree(self, state, settings, own: str) -> str:
+    def _agree(self, state: Any, settings: Settings, own: str) -> str:
         """One bounded round trip through the job's store: the main process's mode, on every rank."""
         store, self._store_reason = transport.open_store(settings.timeout())
         self._pid = os.getpid()
@@ -119,7 +122,7 @@ class GatherSession:
             )
         return main
 
-    def _gather_ready(self, state, settings) -> bool:
+    def _gather_ready(self, state: Any, settings: Settings) -> bool:
         if not self._opened:
             with self.lock:
                 if not self._opened:
@@ -127,7 +130,7 @@ class GatherSession:
                     self._opened = True
         return self._usable
 
-    def _open(self, state, settings) -> None:
+    def _open(self, state: Any, settings: Settings) -> None:
         if self._store is None:
             _warn(f"gather mode needs a torch.distributed c10d store ({self._store_reason}); using barrier mode")
             return
@@ -151,12 +154,12 @@ class GatherSession:
         except Exception as exc:  # a broken handler: say it on stderr rather than lose it
             _warn(f"{text} (handler failed: {exc!r})")
 
-    def _count(self, site: tuple) -> int:
+    def _count(self, site: Site) -> int:
         """This process's number for its next call at `site`: with the site, the call's identity in both modes."""
         self._counts[site] += 1
         return int(self._counts[site])
 
-    def check_in(self, state, settings, site: tuple) -> tuple[str, Callable[[], None]]:
+    def check_in(self, state: Any, settings: Settings, site: Site) -> tuple[str, Callable[[], None]]:
         """Barrier mode: how this call's turns go, and what to call after them.
 
         `"go"`: every rank checked in (the check-in stands for the barrier after rank 0's turn);
@@ -182,7 +185,7 @@ class GatherSession:
                 self._say_skipped(site, count, verdict, settings.timeout())
             return ("go" if verdict.go else "skip"), settle
 
-    def _say_skipped(self, site: tuple, count: int, verdict: _checkin.Verdict, timeout: float) -> None:
+    def _say_skipped(self, site: Site, count: int, verdict: _checkin.Verdict, timeout: float) -> None:
         rank = self._checkin.rank if self._checkin is not None else -1
         where = f"{site[0]}:{site[2]} ({site[1]})"
         if verdict.decider == rank:
@@ -201,7 +204,9 @@ class GatherSession:
                 "(the other ranks logged unordered); logged unordered, without barriers",
             )
 
-    def log(self, state, adapter, level: int, msg: Any, args: tuple, kwargs: dict, site: tuple) -> None:
+    def log(
+        self, state: Any, adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site
+    ) -> None:
         """One rank's in_order call in gather mode. `site` is the user's call site, the same on every rank."""
         with self.lock:
             try:
@@ -218,15 +223,18 @@ class GatherSession:
             else:
                 self._post(identity, record)
 
-    def _collect(self, adapter, identity, record) -> None:
+    def _collect(self, adapter: Any, identity: Identity, record: Optional[logging.LogRecord]) -> None:
+        collector = self._collector
+        if collector is None:  # `log` saw it; only `close`, under the same lock, drops it
+            return
         self._logger_name = adapter.logger.name
-        self._collector.timeout = self._settings.timeout()  # `configure(timeout=...)` may come later
+        collector.timeout = self._settings.timeout()  # `configure(timeout=...)` may come later
         try:
-            self._collector.block(identity, record)
+            collector.emit_call(identity, record)
         except Exception as exc:  # not expected: the block handles the store and the handlers itself
             _warn(f"gather mode could not collect the other ranks' records: {exc!r}")
 
-    def _post(self, identity, record) -> None:
+    def _post(self, identity: Identity, record: Optional[logging.LogRecord]) -> None:
         if not self._main_gone:
             try:
                 if self._outbox is None:  # at exit, after our side closed: nobody would read it
@@ -240,7 +248,7 @@ class GatherSession:
         self._print_here(record)
 
     @staticmethod
-    def _print_here(record) -> None:
+    def _print_here(record: Optional[logging.LogRecord]) -> None:
         """This process's own handlers: for a record that cannot reach the main process."""
         if record is not None:
             try:

@@ -6,39 +6,82 @@ through a process group's collectives: nothing is queued behind NCCL work, no CU
 and a rank that posts never waits for anyone.
 
 Each rank's records form a queue: key `<rank>/<n>` is that rank's n-th in_order record, written
-atomically (`compare_set`). That key is the record. Only the main process reads, in order.
+atomically (`compare_set`). That key is the record. Only the main process reads, in order. Reading
+1,024 keys costs milliseconds of per-key overhead even in one `multi_get`, one value of the same size
+a tenth of a millisecond; so a rank first appends a copy of the record (`copies`) to slot `n % SLOTS`,
+one key all ranks share, and the main process reads that one slot per call. Who writes and deletes what:
 
-Its cost per call must not grow by round trips per rank (a job of 1,024 ranks), nor by work per key:
-torch's `multi_get` of 1,024 keys costs milliseconds of per-key overhead, a `get` of one value of the
-same size a tenth of a millisecond. So a rank, before writing its key, appends a copy of the record
-to slot `n % SLOTS`, one key all ranks share (`copies`). At its call the main process reads that one
-slot, without waiting, and deletes it; it waits (one `wait` on every missing rank's key) only for
-ranks whose copy is not there yet, and reads a rank's key only when its copy cannot give the record.
-Torch releases without `append` or `multi_get`: the same protocol on the keys alone, slower.
+    rank r, its n-th record          the job's store          main process, its call n
+    (Outbox.post, never waits)      (s = n % SLOTS)          (Inbox via Collector.emit_call)
+    --------------------------      ---------------          --------------------------------
+    append(slot/s, copy line) -----> slot/s: + 1 line
+    compare_set(r/n, "", record) --> r/n: the record
+      (TOMBSTONE there: sealed,
+       the rank prints it itself)
+                                     slot/s  <-------------- compare_set(slot/s, UNSET, UNSET): read,
+                                     slot/s  <-------------- delete_key(slot/s)    never waits
+                                                             records of call n from the copies; then,
+                                                             for ranks still missing, until the deadline:
+                                     r/n ... <-------------- wait([r/n, ...], time left)
+                                     r/n ... <-------------- multi_get([r/n, ...])  (copies unusable)
+                                                             emit the block in rank order
+                                     read    <-------------- every PUBLISH_EVERY calls: set(read, marks)
+    clean-up thread (Cleaner), every CLEAN_EVERY posts, on the process group's connection:
+    check(read), get(read) ---------> read
+    delete_key(r/k), k < r's mark -> r/k: gone
+                                                             at exit (Collector.flush -> Inbox.seal),
+                                     r/next  <-------------- compare_set(r/next, "", TOMBSTONE) per rank
 
-The main process deletes nothing else. Every `PUBLISH_EVERY` calls it publishes how far it has read
-each queue (one key, `read`: a little-endian uint64 per rank), and each rank, every `CLEAN_EVERY`
-posts, deletes its own records below that mark: in a thread of its own (`Cleaner`), on the process
-group's own store connection, so that no post waits for a delete.
-The store holds, per rank, the records the main process had not read at that rank's last clean-up
-plus at most `CLEAN_EVERY + PUBLISH_EVERY`, and at most `SLOTS` slots, whatever the number of calls.
+The invariants, each with the test that guards it (unit tests in tests/unit, jobs in tests/jobs):
 
-The only blocking operation is `wait`, always with an explicit deadline; the connection's own
-timeout is bounded too, so a dead store cannot hang a rank for the process group's 30 minutes.
+- A rank appends its copy before it writes its key, so taking the copy takes the record: every record
+  comes out exactly once (test_collector_delivery.py::test_every_record_exactly_once_in_rank_order_within_the_bound).
+- The key is the record: a copy that is missing, damaged or read too early costs only itself, and the
+  main process reads the key (test_collector.py::test_record_whose_copy_is_gone_or_damaged_comes_from_its_own_key).
+- A delta copy is used only against the full copy the main process decoded as its base
+  (test_copies.py::test_a_delta_whose_base_was_not_read_is_not_used).
+- The main process deletes nothing but the slot it read, and writes its read marks every
+  `PUBLISH_EVERY` calls (test_collector.py::test_main_process_deletes_only_the_slot_it_read_and_publishes_rarely).
+- A rank deletes only its own records below the main process's mark
+  (test_collector.py::test_rank_deletes_only_what_the_main_process_has_read), in its clean-up thread, so no
+  post waits for a delete (test_copies.py::test_a_rank_cleans_up_off_its_post), on the process group's
+  connection (test_copies.py::test_a_rank_cleans_up_on_the_process_groups_connection_not_its_posts_one).
+- The store holds, per rank, what the main process had not read at the rank's last clean-up plus at
+  most `CLEAN_EVERY + PUBLISH_EVERY` records, and at most `SLOTS` slots, whatever the number of calls
+  (test_collector.py::test_store_size_stays_bounded_whatever_the_number_of_calls;
+  test_gather_scale.py::test_sixteen_ranks_gather_every_record_once_in_order_with_a_bounded_store).
+- The only blocking call is `wait`, always with the time left to the deadline
+  (test_collector.py::test_deadline_bounds_the_wait_and_names_the_missing_rank); the connection's own
+  timeout is bounded too, so a dead store cannot hang a rank for the process group's 30 minutes.
+- The seal: at exit the main process writes a tombstone at each queue's next key, atomically, taking
+  whatever a rank posted there first; a rank posts the same atomic way, so a record either lands before
+  the seal (the main process emits it) or meets the tombstone (the rank prints it): never both, never
+  neither (test_faults.py::test_gather_mode_emits_every_record_exactly_once_under_faults, case `main_first`).
 
-At exit the main process *seals* each queue: it writes a tombstone at the next free key, atomically
-(`compare_set`), taking whatever a rank posted there first. A rank posts the same atomic way, so a
-record either lands before the seal (the main process emits it) or meets the tombstone (the rank
-prints it itself): never both, never neither. The same store carries the main process's mode word,
-read once by every rank at its first in_order call.
+Torch releases without `append` or `multi_get`: the same protocol on the keys alone, slower
+(test_collector.py::test_older_stores_give_the_same_blocks_from_the_keys). The same store carries the
+main process's mode word, read once by every rank at its first in_order call.
 """
+
+from __future__ import annotations
 
 import datetime
 import struct
 import threading
+from typing import Any, Optional, Union
 
 from .._diagnostics import warn_once
 from . import copies, records
+from .copies import PLACE, RANK, BlockEntry, CopyLine
+from .records import Identity
+
+
+# A c10d store (torch's `Store`, a `PrefixStore` over one, or a test double): typed loosely, since
+# torch's stubs do not export `PrefixStore` and a fake store is no subclass of `Store`.
+Store = Any
+# What an inbox hands out for one place in a rank's queue: `(identity, block entry)`, or the
+# `MalformedRecord` saying why the bytes there are not a record.
+Taken = Union[tuple[Identity, BlockEntry], records.MalformedRecord]
 
 
 PREFIX = "accelerate_inorder_fix/"
@@ -52,7 +95,7 @@ SLOTS = 16  # slots shared by all ranks: a rank's n-th record is copied into slo
 _UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
 
-def open_store(timeout):
+def open_store(timeout: float) -> tuple[Optional[Store], Optional[str]]:
     """`(store, None)` for this job, or `(None, reason)` when it has no c10d store to use."""
     try:
         import torch.distributed as dist
@@ -62,7 +105,7 @@ def open_store(timeout):
     if not dist.is_available() or not dist.is_initialized():
         return None, "torch.distributed has no default process group"
     try:
-        store = distributed_c10d._get_default_store()
+        store: Store = distributed_c10d._get_default_store()  # `clone` is not in every torch's stubs
     except (RuntimeError, ValueError, AttributeError) as exc:
         return None, f"the process group has no c10d store ({exc})"
     try:
@@ -74,10 +117,10 @@ def open_store(timeout):
     if own is not None:
         own.set_timeout(datetime.timedelta(seconds=timeout + 5.0))
         store = own
-    return dist.PrefixStore(PREFIX, store), None
+    return dist.PrefixStore(PREFIX, store), None  # type: ignore[attr-defined]
 
 
-def process_group_store():
+def process_group_store() -> Optional[Store]:
     """The process group's own store connection, prefixed as ours; None when there is none.
 
     A rank's clean-up deletes there. A delete never waits, so it may share that connection; on our own,
@@ -85,27 +128,27 @@ def process_group_store():
     one more connection per rank would cost the master's store server a file descriptor per rank.
     """
     try:
-        from torch.distributed import PrefixStore, distributed_c10d
+        from torch.distributed import PrefixStore, distributed_c10d  # type: ignore[attr-defined]
 
         return PrefixStore(PREFIX, distributed_c10d._get_default_store())
     except (ImportError, RuntimeError, ValueError, AttributeError):
         return None
 
 
-def key(rank, n):
+def key(rank: int, n: int) -> str:
     return f"{rank}/{n}"
 
 
-def slot_key(n):
+def slot_key(n: int) -> str:
     return f"slot/{n % SLOTS}"
 
 
-def read_mark(marks, rank):
+def read_mark(marks: bytes, rank: int) -> int:
     """How many of `rank`'s records the main process had read, from a `read` value (0 if not listed)."""
     offset = rank * _MARK.size
     if offset + _MARK.size > len(marks):
         return 0
-    return _MARK.unpack_from(marks, offset)[0]
+    return int(_MARK.unpack_from(marks, offset)[0])
 
 
 class Cleaner:
@@ -116,13 +159,14 @@ class Cleaner:
     outbox's `cleanup_store`, and only ever the rank's own keys.
     """
 
-    def __init__(self, outbox):
+    def __init__(self, outbox: Outbox) -> None:
         self._outbox = outbox
         self._changed = threading.Condition()
-        self._wanted = self._done = 0  # clean up to this many posts: asked for, and done
-        self._thread = None
+        self._wanted = 0  # clean up to this many posts: asked for
+        self._done = 0  # and done
+        self._thread: Optional[threading.Thread] = None
 
-    def request(self, sent):
+    def request(self, sent: int) -> None:
         with self._changed:
             self._wanted = max(self._wanted, sent)
             self._changed.notify_all()
@@ -130,12 +174,12 @@ class Cleaner:
                 self._thread = threading.Thread(target=self._run, name="accelerate-inorder-fix-clean", daemon=True)
                 self._thread.start()
 
-    def idle(self, timeout):
+    def idle(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds until every requested clean-up has run; True if it has."""
         with self._changed:
             return self._changed.wait_for(lambda: self._done >= self._wanted, timeout)
 
-    def _run(self):
+    def _run(self) -> None:
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._wanted > self._done)
@@ -154,9 +198,18 @@ class Cleaner:
 class Outbox:
     """A rank's side: append records to its own queue, and delete those already read. Never waits."""
 
-    def __init__(self, store, rank, clean_every=CLEAN_EVERY, background=True, cleanup_store=None):
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        clean_every: int = CLEAN_EVERY,
+        background: bool = True,
+        cleanup_store: Optional[Store] = None,
+    ) -> None:
         """`cleanup_store`: where `clean` deletes (`process_group_store()` in a job); `store` if None."""
-        self.store, self.rank, self.clean_every = store, rank, clean_every
+        self.store = store
+        self.rank = rank
+        self.clean_every = clean_every
         self.cleanup_store = store if cleanup_store is None else cleanup_store
         self.cleaner = Cleaner(self) if background else None
         self.sent = 0
@@ -165,7 +218,7 @@ class Outbox:
         self.slotted = callable(getattr(store, "append", None))
         self.copier = copies.Copier(rank, refresh=SLOTS)
 
-    def post(self, payload, document=None):
+    def post(self, payload: bytes, document: Optional[list[Any]] = None) -> bool:
         """Append `payload` (`document`: its data, if known); False when the main process has sealed the queue."""
         n = self.sent
         if self.slotted:  # the copy first: whoever sees the rank's key below finds the copy already there
@@ -186,13 +239,13 @@ class Outbox:
                 pass
         return True
 
-    def clean(self, sent):
+    def clean(self, sent: int) -> None:
         """Delete this rank's first `sent` records, those the main process has read.
 
         `check` for the main process's read marks until it has published them: `get` would wait.
         """
         store = self.cleanup_store
-        self.published = self.published or store.check([READ_KEY])
+        self.published = self.published or bool(store.check([READ_KEY]))
         if not self.published:
             return
         read = min(read_mark(store.get(READ_KEY), self.rank), sent)
@@ -204,24 +257,23 @@ class Outbox:
 class Inbox:
     """The main process's side: read each rank's queue in order, with bounded waits, in batches.
 
-    What it hands out is decoded: `(identity, record)`, or the `MalformedRecord` saying why the
-    payload at that place in the queue is not one.
+    What it hands out is decoded (`Taken`). It implements the collector's `Inbox` protocol.
     """
 
-    def __init__(self, store, world_size, publish_every=PUBLISH_EVERY):
+    def __init__(self, store: Store, world_size: int, publish_every: int = PUBLISH_EVERY) -> None:
         self.store = store
-        self.cursor = [0] * world_size
+        self.cursor = [0] * world_size  # per rank: the place of its next record not taken yet
         self.publish_every = publish_every
         self.batched = callable(getattr(store, "multi_get", None))
         self.slotted = callable(getattr(store, "append", None))
-        self.copies = {}  # (rank, n) -> a copy read from a slot, not yet taken
+        self.kept: dict[tuple[int, int], CopyLine] = {}  # (rank, place) -> a copy read from a slot, not yet taken
         self.reader = copies.CopyReader()
         self._settled = 0
 
-    def _next_key(self, rank):
+    def _next_key(self, rank: int) -> str:
         return key(rank, self.cursor[rank])
 
-    def wait(self, ranks, seconds):
+    def wait(self, ranks: list[int], seconds: float) -> bool:
         """Wait up to `seconds` until every rank in `ranks` has a next record; False on timeout."""
         try:
             self.store.wait([self._next_key(r) for r in ranks], datetime.timedelta(seconds=seconds))
@@ -229,24 +281,24 @@ class Inbox:
             return False
         return True
 
-    def ready(self, rank):
+    def ready(self, rank: int) -> bool:
         """Non-blocking: has `rank` a next record?"""
-        return self.store.check([self._next_key(rank)])
+        return bool(self.store.check([self._next_key(rank)]))
 
-    def take(self, rank):
+    def take(self, rank: int) -> Taken:
         """The next record of `rank` (known to be there)."""
         return self.take_many([rank])[0]
 
-    def take_many(self, ranks):
+    def take_many(self, ranks: list[int]) -> list[Taken]:
         """The next record of each rank in `ranks` (each known to be there), in a few round trips.
 
         Ranks at the same place in their queues share a slot: one read of it gives them all (and
         deletes it, so no slot outgrows one round of records). A record whose copy cannot give it
         (a store without `append`, a slot already read, a damaged copy) comes from its own key.
         """
-        for line in self._read_slots(ranks):
-            self._keep(line[0], line)
-        items = [self._from_copy(rank) for rank in ranks]
+        for copy in self._read_slots(ranks):
+            self._keep(copy)
+        items: list[Optional[Taken]] = [self._from_kept(rank) for rank in ranks]
         missing = [i for i, item in enumerate(items) if item is None]
         if missing:
             names = [self._next_key(ranks[i]) for i in missing]
@@ -255,30 +307,32 @@ class Inbox:
                 items[i] = records.decode(payload)
         for rank in ranks:
             self.cursor[rank] += 1
-        return items
+        return [item for item in items if item is not None]  # each is, by now
 
-    def take_copied(self, ranks, current=None, into=None):
+    def take_copied(self, ranks: list[int], current: Identity, into: dict[int, BlockEntry]) -> list[tuple[int, Taken]]:
         """The next record of each rank in `ranks` whose copy is in its slot already: no waiting.
 
-        Records of the call `current` go into `into` (`{rank: record}`; a delta copy's record deferred,
-        made by `copies.build`); the others come back as `(rank, (identity, record))`, in order.
+        Records of the call `current` go into `into` (`{rank: entry}`, a delta copy's record deferred);
+        the others come back as `(rank, (identity, entry))`, in order.
         A copy is appended before the rank writes its key, so the key will hold the same record: taking
         the copy takes the record. (If the rank's store connection fails between the two, the rank may
         print the record too: the one case where a record can come out twice.)
         """
         if not self.slotted:
             return []
-        cursor, decode, others, wanted = self.cursor, self.reader.decode, [], set(ranks)
-        into = {} if into is None else into
-        kept = [self.copies.pop((rank, cursor[rank]), None) for rank in ranks] if self.copies else []
-        for line in [line for line in kept if line is not None] + self._read_slots(wanted):
-            rank = line[0]
-            if line[1] != cursor[rank] or rank not in wanted:
-                self._keep(rank, line)
+        cursor = self.cursor
+        decode = self.reader.decode
+        others: list[tuple[int, Taken]] = []
+        wanted = set(ranks)
+        kept = [self.kept.pop((rank, cursor[rank]), None) for rank in ranks] if self.kept else []
+        for copy in [copy for copy in kept if copy is not None] + self._read_slots(wanted):
+            rank = copy[RANK]
+            if copy[PLACE] != cursor[rank] or rank not in wanted:
+                self._keep(copy)
                 continue
-            item = decode(rank, line, current)  # None: a copy that cannot give the record; its key will
+            item = decode(rank, copy, current)  # None: a copy that cannot give the record; its key will
             if item is not None:
-                if item[0] is current:
+                if item[0] == current:
                     into[rank] = item[1]
                 else:
                     others.append((rank, item))
@@ -286,39 +340,41 @@ class Inbox:
                 wanted.discard(rank)  # one record per rank: a deferred one's base stays its base
         return others
 
-    def _from_copy(self, rank):
-        line = self.copies.pop((rank, self.cursor[rank]), None)
-        return None if line is None else self.reader.decode(rank, line)
+    def _from_kept(self, rank: int) -> Optional[Taken]:
+        copy = self.kept.pop((rank, self.cursor[rank]), None)
+        return None if copy is None else self.reader.decode(rank, copy)
 
-    def _keep(self, rank, line):
+    def _keep(self, copy: CopyLine) -> None:
         """Keep a copy of a record not taken yet (the first of each), if it is among its rank's next few."""
-        if 0 <= line[1] - self.cursor[rank] < SLOTS:
-            self.copies.setdefault((rank, line[1]), line)
+        rank = copy[RANK]
+        place = copy[PLACE]
+        if 0 <= place - self.cursor[rank] < SLOTS:
+            self.kept.setdefault((rank, place), copy)
 
-    def _read_slots(self, ranks):
-        """Read and delete the slot of every place `ranks` are at (usually one); the copies in them, as lines."""
-        found = []
+    def _read_slots(self, ranks: Union[list[int], set[int]]) -> list[CopyLine]:
+        """Read and delete the slot of every place `ranks` are at (usually one); the copies in them."""
+        found: list[CopyLine] = []
         for n in {self.cursor[r] for r in ranks} if self.slotted else ():
             name = slot_key(n)
             blob = bytes(self.store.compare_set(name, _UNSET, _UNSET))  # its value, or _UNSET: never waits
             if blob != _UNSET:
                 # Copies appended after this recreate the slot: read next time, or not needed.
                 self.store.delete_key(name)
-                found.extend(copies.copies_in(blob, len(self.cursor)))
+                found.extend(copies.parse_slot(blob, len(self.cursor)))
         return found
 
-    def settle(self):
+    def settle(self) -> None:
         """After a call's block: every `publish_every` calls, tell the ranks how far each queue was read."""
         self._settled += 1
         if self._settled % self.publish_every == 0:
             self.publish()
 
-    def publish(self):
+    def publish(self) -> None:
         self.store.set(READ_KEY, b"".join(_MARK.pack(n) for n in self.cursor))
 
-    def seal(self, rank):
+    def seal(self, rank: int) -> list[Taken]:
         """At exit: close `rank`'s queue for good; what it posted meanwhile, in order (decoded)."""
-        found = []
+        found: list[Taken] = []
         while True:
             name = self._next_key(rank)
             payload = bytes(self.store.compare_set(name, "", TOMBSTONE))
@@ -329,12 +385,12 @@ class Inbox:
             self.cursor[rank] += 1
 
 
-def publish_mode(store, mode):
+def publish_mode(store: Store, mode: str) -> None:
     """The main process's mode word, for every rank's first in_order call."""
     store.set(MODE_KEY, mode)
 
 
-def read_mode(store, seconds):
+def read_mode(store: Store, seconds: float) -> Optional[str]:
     """The main process's mode word, waiting up to `seconds`; None when it did not come in time."""
     try:
         store.wait([MODE_KEY], datetime.timedelta(seconds=seconds))

@@ -29,6 +29,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Any, Optional
 
 
 # The folder that holds the package (a source tree or site-packages): the ranks import it from there.
@@ -42,7 +43,7 @@ IN_ORDER_VARIANTS = ("upstream", "barrier", "barrier_plain", "gather")
 # ---------------------------------------------------------------------------------------------
 
 
-def _worker(calls, rounds, plain_calls):
+def _worker(calls: int, rounds: int, plain_calls: int) -> None:
     import logging
 
     import accelerate
@@ -64,17 +65,19 @@ def _worker(calls, rounds, plain_calls):
     base.propagate = False
     log = get_logger("aif.bench")
 
-    def use(variant):
+    def use(variant: str) -> None:
+        # barrier_plain: this process's check-in answers "plain barriers" at once (an instance attribute
+        # over the method, taken away again for every other variant): the N barriers alone.
         GATHER.__dict__.pop("check_in", None)
-        if variant == "barrier_plain":  # the session's check-in answers "go" at once: barriers alone
-            GATHER.check_in = lambda state, settings, site: ("plain", lambda: None)
+        if variant == "barrier_plain":
+            GATHER.check_in = lambda state, settings, site: ("plain", lambda: None)  # type: ignore[method-assign]
         if variant in ("upstream", "plain_unpatched"):
             fix.unpatch()
         else:
             fix.patch()
             fix.configure(mode="gather" if variant == "gather" else "barrier")
 
-    def batch(variant, n, in_order):
+    def batch(variant: str, n: int, in_order: bool) -> float:
         use(variant)
         dist.barrier()
         start = time.perf_counter()
@@ -82,9 +85,9 @@ def _worker(calls, rounds, plain_calls):
             log.info("step %d", i, in_order=in_order) if in_order else log.info("step %d", i)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's time
-        return elapsed.item() / n
+        return float(elapsed.item()) / n
 
-    samples = {v: [] for v in (*IN_ORDER_VARIANTS, "plain_unpatched", "plain_patched")}
+    samples: dict[str, list[float]] = {v: [] for v in (*IN_ORDER_VARIANTS, "plain_unpatched", "plain_patched")}
     for warmup in (True, False):
         for round_ in range(1 if warmup else rounds):
             # Each round starts with another variant, so none always runs first (or last).
@@ -114,7 +117,7 @@ def _worker(calls, rounds, plain_calls):
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_size(size, args):
+def _run_size(size: int, args: argparse.Namespace) -> dict[str, Any]:
     from . import launch as _launch
 
     cmd = _launch.launch_command(
@@ -135,11 +138,12 @@ def _run_size(size, args):
     job = _launch.run(cmd, env=env, timeout=args.job_timeout)
     for line in job.lines:
         if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG) :])
+            result: dict[str, Any] = json.loads(line[len(RESULT_TAG) :])
+            return result
     raise RuntimeError(f"world size {size}: no result ({job}); stderr tail:\n{job.stderr[-2000:]}")
 
 
-def table(results):
+def table(results: list[dict[str, Any]]) -> str:
     """Markdown table of per-call times (ms) and ratios, one row per world size."""
     rows = [
         "| ranks | upstream in_order | barrier | gather | gather speed-up | barrier vs upstream "
@@ -159,7 +163,7 @@ def table(results):
     return "\n".join(rows)
 
 
-def _parser():
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="the recorded run: --sizes 2,4,8 --rounds 5")
     parser.add_argument("--sizes", default=None, help="world sizes, comma-separated (default 2,4; --full 2,4,8)")
@@ -172,7 +176,7 @@ def _parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Optional[list[str]] = None) -> Optional[list[dict[str, Any]]]:
     """Run the benchmark; print the table (and machine line); return the list of results."""
     args = _parser().parse_args(argv)
     args.sizes = args.sizes or ("2,4,8" if args.full else "2,4")

@@ -17,11 +17,14 @@ import sys
 import threading
 import time
 import uuid
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, Optional
 
 from ..config import CHECK_MARKER_ENV, TIMEOUT_ENV
 from . import launch as _launch
 from . import scenarios
+from .launch import Job
 
 
 # Jobs run side by side: starting ranks is CPU work, while a deadlocked job only waits for its
@@ -51,17 +54,19 @@ PATCHED_TIMEOUT = 3.0
 class Outcome:
     """The verdict of one scenario in one column: a short word for the table and the detail."""
 
-    def __init__(self, word, detail="", ok=False):
-        self.word, self.detail, self.ok = word, detail, ok
+    def __init__(self, word: str, detail: str = "", ok: bool = False) -> None:
+        self.word = word
+        self.detail = detail
+        self.ok = ok
 
 
-def _ranks_text(ranks, nproc):
+def _ranks_text(ranks: Sequence[int], nproc: int) -> str:
     if list(ranks) == list(range(nproc)):
         return "all ranks"
     return "ranks " + ",".join(str(r) for r in ranks) if len(ranks) > 1 else f"rank {ranks[0]}"
 
 
-def judge(name, nproc, job):
+def judge(name: str, nproc: int, job: Job) -> Outcome:
     """Outcome of scenario `name` in a finished (or killed) job."""
     finished = scenarios.done_ranks(job.lines, name)
     if finished != set(range(nproc)) and job.killed is None and job.returncode != 0:
@@ -89,7 +94,7 @@ def judge(name, nproc, job):
     return Outcome(words.get(verdict, verdict), detail, ok=verdict == "ordered")
 
 
-def judge_all(names, nproc, job):
+def judge_all(names: list[str], nproc: int, job: Job) -> dict[str, Outcome]:
     """Outcomes of scenarios run in sequence in one job: after a deadlock the rest never ran."""
     outcomes, blocked = {}, None
     for name in names:
@@ -102,30 +107,20 @@ def judge_all(names, nproc, job):
     return outcomes
 
 
-def _address_clash(job):
+def _address_clash(job: Job) -> bool:
     return job.killed is None and job.returncode != 0 and "address already in use" in job.stderr.lower()
 
 
-def _marked(check_id):
+def _marked(check_id: str) -> list[int]:
     return _launch.leftovers(f"{CHECK_MARKER_ENV}={check_id}".encode())
 
 
-def kill_marked(check_id, settle=3.0):
+def kill_marked(check_id: str, settle: float = 3.0) -> list[int]:
     """SIGKILL every process carrying this check's marker, until none is left (or `settle` s pass)."""
-    deadline = time.monotonic() + settle
-    while True:
-        pids = [p for p in _marked(check_id) if p != os.getpid()]
-        if not pids or time.monotonic() > deadline:
-            return pids
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
+    return _launch.kill_marked(f"{CHECK_MARKER_ENV}={check_id}".encode(), settle)
 
 
-def _available_memory():
+def _available_memory() -> Optional[int]:
     """Bytes of memory available now (Linux), or None when this system does not say."""
     try:
         with open("/proc/meminfo") as f:
@@ -137,7 +132,7 @@ def _available_memory():
     return None
 
 
-def jobs_at_once(nproc, jobs):
+def jobs_at_once(nproc: int, jobs: int) -> int:
     """How many jobs of `nproc` ranks (plus a launcher each) may run side by side."""
     processes = MAX_PROCESSES_AT_ONCE
     memory = _available_memory()
@@ -147,7 +142,7 @@ def jobs_at_once(nproc, jobs):
     return max(1, min(jobs, processes // (nproc + 1)))
 
 
-def _child_pythonpath():
+def _child_pythonpath() -> list[str]:
     """This package's folder for the ranks, unless they would find it anyway.
 
     `python -m accelerate_inorder_fix` from a source tree finds the package through the current
@@ -158,7 +153,7 @@ def _child_pythonpath():
     return [] if parent in found_anyway else [parent]
 
 
-def _job_env(check_id):
+def _job_env(check_id: str) -> dict[str, str]:
     env = dict(os.environ)
     env[CHECK_MARKER_ENV] = check_id
     extra = _child_pythonpath()
@@ -172,7 +167,7 @@ def _job_env(check_id):
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
+def _sigint_ignored() -> Iterator[None]:
     """Ignore Ctrl-C for the duration (only the main thread may change signal handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -187,16 +182,27 @@ def _sigint_ignored():
 class Check:
     """One run of the self-test; `run()` returns {scenario: (unpatched Outcome, patched Outcome)}."""
 
-    def __init__(self, nproc, mode=None, stall=8.0, names=None, say=None, on_start=None):
-        self.nproc, self.mode, self.stall = nproc, mode, stall
+    def __init__(
+        self,
+        nproc: int,
+        mode: Optional[str] = None,
+        stall: float = 8.0,
+        names: Optional[list[str]] = None,
+        say: Optional[Callable[[str], None]] = None,
+        on_start: Optional[Callable[[], None]] = None,
+    ) -> None:
+        self.nproc = nproc
+        self.mode = mode
+        self.stall = stall
         self.on_start = on_start or (lambda: None)
         self.names = list(names or scenarios.CHECK_SCENARIOS)
         self.say = say or (lambda text: None)
         self.check_id = uuid.uuid4().hex
         self.cancelled = threading.Event()
 
-    def _launch(self, names, patched):
+    def _launch(self, names: list[str], patched: bool) -> Optional[Job]:
         env = _job_env(self.check_id)
+        job = None
         for _attempt in range(2):  # a port taken between picking and binding it: try once more
             if self.cancelled.is_set():
                 return None
@@ -210,21 +216,21 @@ class Check:
                 break
         return job
 
-    def _timeout_env(self, env):
+    def _timeout_env(self, env: dict[str, str]) -> dict[str, str]:
         """`env` with the check-in's timeout bounded below the stall watchdog (a user's own value is kept)."""
         if TIMEOUT_ENV not in env:
             env = dict(env, **{TIMEOUT_ENV: f"{min(PATCHED_TIMEOUT, self.stall / 2):g}"})
         return env
 
-    def _unpatched(self, name):
+    def _unpatched(self, name: str) -> tuple[Optional[dict[str, Outcome]], Optional[Job]]:
         job = self._launch([name], patched=False)
         return None if job is None else {name: judge(name, self.nproc, job)}, job
 
-    def _patched(self):
+    def _patched(self) -> tuple[Optional[dict[str, Outcome]], Optional[Job]]:
         job = self._launch(self.names, patched=True)
         return None if job is None else judge_all(self.names, self.nproc, job), job
 
-    def run(self):
+    def run(self) -> dict[str, tuple[Outcome, Outcome]]:
         workers = jobs_at_once(self.nproc, len(self.names) + 1)
         if workers < len(self.names) + 1:
             self.say(f"  ({workers} job(s) at a time, to stay within this machine's free memory)")
@@ -247,8 +253,10 @@ class Check:
         pool.shutdown(wait=True)
         return results
 
-    def _collect(self, futures, start):
-        unpatched, patched, pending = {}, {}, set(futures)
+    def _collect(self, futures: dict[Future[Any], str], start: float) -> dict[str, tuple[Outcome, Outcome]]:
+        unpatched: dict[str, Outcome] = {}
+        patched: dict[str, Outcome] = {}
+        pending = set(futures)
         last_news = time.monotonic()
         while pending:
             done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -265,7 +273,7 @@ class Check:
                 last_news = now
         return {name: (unpatched[name], patched[name]) for name in self.names}
 
-    def _news(self, label, outcomes, job, elapsed):
+    def _news(self, label: str, outcomes: dict[str, Outcome], job: Job, elapsed: float) -> str:
         if label == "patched":
             bad = [n for n, o in outcomes.items() if not o.ok]
             text = "all ordered" if not bad else "NOT ordered: " + ", ".join(bad)
@@ -273,7 +281,7 @@ class Check:
         return f"  unpatched {label:<16}  {outcomes[label].word}  [{job.elapsed:.1f} s, at {elapsed:.0f} s]"
 
 
-def table(results):
+def table(results: dict[str, tuple[Outcome, Outcome]]) -> list[str]:
     """The side-by-side verdict table, as lines."""
     rows = [("scenario", "what it does", "unpatched", "patched")]
     rows += [(name, DESCRIPTIONS.get(name, ""), before.word, after.word) for name, (before, after) in results.items()]

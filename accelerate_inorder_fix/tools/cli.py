@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from .. import __version__
 from .. import config as _config
@@ -26,16 +26,19 @@ from ..config import SETTINGS
 from . import scenarios
 
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
-def _say(text):
+def _say(text: str) -> None:
     """Progress goes to stderr, so stdout holds only the result (the table, or the JSON)."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
 
 
-def _nproc(text):
+def _nproc(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -45,7 +48,7 @@ def _nproc(text):
     return value
 
 
-def _seconds(text):
+def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -55,7 +58,7 @@ def _seconds(text):
     return value
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelerate-inorder-fix",
         description="Check that accelerate's `logger.info(msg, in_order=True)` works on this machine.",
@@ -134,7 +137,7 @@ def cmd_lint(args: argparse.Namespace) -> int:
     return _lint.run(args.paths, args.format, sys.stdout, sys.stderr)
 
 
-def cmd_status(args):
+def cmd_status(args: argparse.Namespace) -> int:
     from . import status as _status
 
     facts = _status.collect()
@@ -145,16 +148,16 @@ def cmd_status(args):
     return EXIT_OK
 
 
-def _interrupt_on_sigterm():
+def _interrupt_on_sigterm() -> None:
     """SIGTERM takes the same path as Ctrl-C: the jobs' clean-up runs before the process ends."""
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
 
 
-def cmd_check(args):
+def cmd_check(args: argparse.Namespace) -> int:
     from . import check as _check
 
     mode = args.mode or SETTINGS.mode()
@@ -168,7 +171,7 @@ def cmd_check(args):
         f"a job silent for {args.timeout:g} s counts as deadlocked and is stopped"
     )
     # Importing accelerate here costs seconds of CPU: do it while the ranks start, not before.
-    header = []
+    header: list[tuple[str, bool]] = []
     describe = threading.Thread(target=lambda: header.append(_describe_setup(args.nproc, mode)), daemon=True)
     check = _check.Check(args.nproc, mode=mode, stall=args.timeout, names=names, say=_say, on_start=describe.start)
     start = time.monotonic()
@@ -193,7 +196,7 @@ def cmd_check(args):
     return code
 
 
-def _describe_setup(nproc, mode):
+def _describe_setup(nproc: int, mode: str) -> tuple[str, bool]:
     """(line naming what was checked, whether the log body is known); shown as progress at once."""
     from . import status as _status
 
@@ -213,7 +216,7 @@ def _describe_setup(nproc, mode):
     return text, known
 
 
-def _conclude(results, args, elapsed):
+def _conclude(results: dict[str, tuple[Any, Any]], args: argparse.Namespace, elapsed: float) -> int:
     """Explain the verdicts that need it and turn the patched column into the exit code."""
     for name, (before, after) in results.items():
         if args.verbose and before.detail:
@@ -234,18 +237,21 @@ def _conclude(results, args, elapsed):
     return EXIT_FAIL if failed else EXIT_OK
 
 
-def cmd_bench(args):
+def cmd_bench(args: argparse.Namespace) -> int:
     argv = list(args.bench_args)
     if argv[:1] == ["--"]:
         argv = argv[1:]
+    result: Any
     if argv[:1] == ["scale"] or "--scale" in argv:  # gather mode at 8..1,024 simulated ranks
-        from .bench_scale import main as bench_main
+        from . import bench_scale
 
         argv = [a for a in argv[argv[:1] == ["scale"] :] if a != "--scale"]
         argv = argv[1:] if argv[:1] == ["--"] else argv
+        result = bench_scale.main(argv)
     else:
-        from .bench import main as bench_main
-    result = bench_main(argv)
+        from . import bench
+
+        result = bench.main(argv)
     # main() prints its own table; what it returns is either an exit code or its raw results.
     if isinstance(result, int) and not isinstance(result, bool):
         return result

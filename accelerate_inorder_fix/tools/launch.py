@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
+from typing import Optional, Union
 
 from .. import config as _config
 from ..config import JOB_MARKER_ENV as MARKER_ENV
@@ -22,13 +24,15 @@ from ..config import JOB_MARKER_ENV as MARKER_ENV
 SCENARIO_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios.py")
 
 
-def free_port():
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
-def launch_command(script_args, nproc, launcher="torchrun", python=None):
+def launch_command(
+    script_args: list[str], nproc: int, launcher: str = "torchrun", python: Optional[str] = None
+) -> list[str]:
     """The command a user would type, with this interpreter and a free loopback port."""
     python = python or sys.executable
     port = str(free_port())
@@ -71,21 +75,21 @@ def launch_command(script_args, nproc, launcher="torchrun", python=None):
 class Job:
     """Outcome of one launch: merged stdout lines, stderr text, and how it ended."""
 
-    def __init__(self, lines, stderr, returncode, killed, elapsed):
-        self.lines, self.stderr, self.returncode, self.killed, self.elapsed = (
-            lines,
-            stderr,
-            returncode,
-            killed,
-            elapsed,
-        )
+    def __init__(
+        self, lines: list[str], stderr: str, returncode: Optional[int], killed: Optional[str], elapsed: float
+    ) -> None:
+        self.lines = lines
+        self.stderr = stderr
+        self.returncode = returncode
+        self.killed = killed  # None, "timeout" or "stall"
+        self.elapsed = elapsed
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Job(returncode={self.returncode}, killed={self.killed!r}, elapsed={self.elapsed:.1f}s)"
 
 
-def _marked_processes(marker):
-    """Every process whose environment carries this job's marker."""
+def _marked_processes(marker: bytes) -> list[int]:
+    """Every process whose environment carries `marker` (`NAME=value`, as bytes)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -99,13 +103,32 @@ def _marked_processes(marker):
     return found
 
 
-def kill_tree(proc, marker):
-    """SIGKILL the launcher and every process that carries the job's marker."""
-    for pid in [proc.pid, *_marked_processes(marker)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def kill_marked(marker: bytes, settle: float = 0.0) -> list[int]:
+    """SIGKILL every process carrying `marker` (but this one), again until none is left or `settle` s pass.
+
+    The one process killer of `run` and `check`. Returns the marked processes still alive at the end
+    (with `settle=0`, one sweep: those it just sent SIGKILL to, which may not have died yet).
+    """
+    deadline = time.monotonic() + settle
+    while True:
+        pids = [pid for pid in _marked_processes(marker) if pid != os.getpid()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not pids or time.monotonic() >= deadline:
+            return pids
+        time.sleep(0.1)  # polling /proc: a killed process leaves it when the kernel has reaped it
+
+
+def kill_tree(proc: subprocess.Popen[str], marker: bytes) -> None:
+    """SIGKILL the launcher, its process group and every process that carries the job's marker."""
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+    kill_marked(marker)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -113,12 +136,18 @@ def kill_tree(proc, marker):
     proc.wait()
 
 
-def leftovers(marker):
+def leftovers(marker: bytes) -> list[int]:
     """Processes of a finished job that are still alive (should always be empty)."""
     return _marked_processes(marker)
 
 
-def run(cmd, env=None, timeout=120.0, stall=None, cwd=None):
+def run(
+    cmd: list[str],
+    env: Optional[dict[str, str]] = None,
+    timeout: float = 120.0,
+    stall: Optional[float] = None,
+    cwd: Optional[str] = None,
+) -> Job:
     """Run `cmd` to completion, or kill its whole tree after `timeout` s, or `stall` s without output."""
     marker_value = uuid.uuid4().hex
     full_env = dict(os.environ if env is None else env)
@@ -140,13 +169,13 @@ def run(cmd, env=None, timeout=120.0, stall=None, cwd=None):
     )
     lines, err, last = [], [], [time.monotonic()]
 
-    def read_out():
-        for line in proc.stdout:
+    def read_out() -> None:
+        for line in proc.stdout or ():
             lines.append(line.rstrip("\n"))
             last[0] = time.monotonic()
 
-    def read_err():
-        err.append(proc.stderr.read())
+    def read_err() -> None:
+        err.append(proc.stderr.read() if proc.stderr is not None else "")
 
     readers = [threading.Thread(target=read_out, daemon=True), threading.Thread(target=read_err, daemon=True)]
     for t in readers:
@@ -170,17 +199,18 @@ def run(cmd, env=None, timeout=120.0, stall=None, cwd=None):
         if proc.poll() is None:  # interrupted (Ctrl-C): leave nothing behind
             kill_tree(proc, marker)
         else:
-            for pid in _marked_processes(marker):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill_marked(marker)
     for t in readers:
         t.join(timeout=5)
     return Job(lines, "".join(err), proc.returncode, killed, time.monotonic() - start)
 
 
-def scenario_env(patched, mode=None, pythonpath=(), base=None):
+def scenario_env(
+    patched: Union[bool, str],
+    mode: Optional[str] = None,
+    pythonpath: Sequence[str] = (),
+    base: Optional[Mapping[str, str]] = None,
+) -> dict[str, str]:
     """Environment for a scenario job: patched by import or not at all (start-up hook off).
 
     `patched="late"` imports the package only after the scenarios' logger exists. A user's
@@ -199,17 +229,17 @@ def scenario_env(patched, mode=None, pythonpath=(), base=None):
 
 
 def run_scenarios(
-    names,
-    nproc,
-    patched,
-    launcher="torchrun",
-    mode=None,
-    pythonpath=(),
-    python=None,
-    timeout=120.0,
-    stall=8.0,
-    base_env=None,
-):
+    names: list[str],
+    nproc: int,
+    patched: Union[bool, str],
+    launcher: str = "torchrun",
+    mode: Optional[str] = None,
+    pythonpath: Sequence[str] = (),
+    python: Optional[str] = None,
+    timeout: float = 120.0,
+    stall: Optional[float] = 8.0,
+    base_env: Optional[Mapping[str, str]] = None,
+) -> Job:
     """Launch one job that runs `names` in sequence on `nproc` ranks; return the Job."""
     cmd = launch_command([SCENARIO_SCRIPT, ",".join(names)], nproc, launcher, python)
     env = scenario_env(patched, mode, pythonpath, base_env)

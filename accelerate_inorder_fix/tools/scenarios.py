@@ -21,6 +21,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
 
 
 STAGGER_SECONDS = 0.15
@@ -35,7 +37,7 @@ RESULT = "@@RESULT"
 # ---------------------------------------------------------------------------------------------
 
 
-def _say(line):
+def _say(line: str) -> None:
     """One line in one write, so ranks sharing a pipe never split each other's lines."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -44,12 +46,14 @@ def _say(line):
 class Rank:
     """What a scenario needs to know about its rank."""
 
-    def __init__(self, index, size, log):
-        self.index, self.size, self.log = index, size, log
+    def __init__(self, index: int, size: int, log: Any) -> None:
+        self.index = index
+        self.size = size
+        self.log = log
         self.slowest_call = 0.0
 
     @contextlib.contextmanager
-    def timed(self):
+    def timed(self) -> Iterator[None]:
         """Around an in_order call (a `with`, not a wrapper: the call's own frame stays the caller)."""
         import time
 
@@ -59,41 +63,41 @@ class Rank:
         finally:
             self.slowest_call = max(self.slowest_call, time.monotonic() - start)
 
-    def stagger(self):
+    def stagger(self) -> None:
         """Sleep longest on rank 0, nothing on the last rank (test-side only)."""
         import time
 
         time.sleep(STAGGER_SECONDS * (self.size - 1 - self.index))
 
-    def tag(self, scenario, call):
+    def tag(self, scenario: str, call: int) -> str:
         where = sys._getframe(1)
         return f"{scenario}#{call} r{self.index} at={where.f_code.co_name}:{where.f_lineno}"
 
-    def result(self, scenario, key, value):
+    def result(self, scenario: str, key: str, value: Any) -> None:
         _say(f"{RESULT} {scenario} r{self.index} {key}={json.dumps(value)}")
 
-    def all_reduce_sum(self):
+    def all_reduce_sum(self) -> float:
         import torch
         import torch.distributed as dist
 
         value = torch.tensor([float(self.index + 1)])
         dist.all_reduce(value)
-        return value.item()
+        return float(value.item())
 
 
-def default(r):
+def default(r: Rank) -> None:
     r.stagger()
     with r.timed():
         r.log.info(r.tag("default", 1), in_order=True)
 
 
-def all_processes(r):
+def all_processes(r: Rank) -> None:
     r.stagger()
     with r.timed():
         r.log.info(r.tag("all_processes", 1), main_process_only=False, in_order=True)
 
 
-def rank_levels(r):
+def rank_levels(r: Rank) -> None:
     import logging
 
     logging.getLogger(LOGGER_NAME).setLevel(logging.INFO if r.index == 0 else logging.WARNING)
@@ -107,7 +111,7 @@ def rank_levels(r):
     logging.getLogger(LOGGER_NAME).setLevel(logging.DEBUG)
 
 
-def disabled_odd(r):
+def disabled_odd(r: Rank) -> None:
     import logging
 
     if r.index % 2:
@@ -122,7 +126,7 @@ def disabled_odd(r):
         r.log.info(r.tag("disabled_odd", 2), in_order=True)
 
 
-def exception(r):
+def exception(r: Rank) -> None:
     try:
         raise ValueError(f"boom r{r.index}")
     except ValueError:
@@ -134,7 +138,7 @@ def exception(r):
 MANY_CALLS = 8
 
 
-def many(r):
+def many(r: Rank) -> None:
     for call in range(1, MANY_CALLS + 1):
         if call % 3 == 0:
             r.log.info(f"plain main-only {call}")
@@ -145,7 +149,7 @@ def many(r):
             r.log.info(r.tag("many", call), in_order=True)
 
 
-def caller(r):
+def caller(r: Rank) -> None:
     # Only the call sites are checked here, not the order (the other scenarios do that), so the
     # call-site bug of 0.20-0.30.0 shows on its own.
     with r.timed():
@@ -153,10 +157,12 @@ def caller(r):
     r.log.warning(r.tag("caller", 2), main_process_only=False)
 
 
-SCENARIOS = {f.__name__: f for f in (default, all_processes, rank_levels, disabled_odd, exception, many, caller)}
+SCENARIOS: dict[str, Callable[[Rank], Optional[str]]] = {
+    f.__name__: f for f in (default, all_processes, rank_levels, disabled_odd, exception, many, caller)
+}
 
 
-def partial(r):
+def partial(r: Rank) -> None:
     """Only the main process makes the call (a user error: in_order calls are collective).
 
     Patched, it costs the other ranks' absence one `ACCELERATE_INORDER_TIMEOUT` and a warning: `check`
@@ -176,7 +182,7 @@ CHECK_SCENARIOS = {**SCENARIOS, **PARTIAL}
 # as upstream does). Kept apart so that running "all scenarios" stays safe in every mode.
 
 
-def subset(r):
+def subset(r: Rank) -> None:
     """The last rank skips call 1 (a user error); a collective and another in_order call follow."""
     import time
 
@@ -190,7 +196,7 @@ def subset(r):
     r.log.info(r.tag("subset", 2), in_order=True)
 
 
-def early_exit(r):
+def early_exit(r: Rank) -> str:
     """The last rank leaves before call 1: cleanly (exit code 0) or, with `AIF_CRASH=kill`, killed.
 
     The others make the call and end without another collective (it could not complete).
@@ -207,10 +213,10 @@ def early_exit(r):
     return "stop"
 
 
-FAULT_SCENARIOS = {f.__name__: f for f in (subset, early_exit)}
+FAULT_SCENARIOS: dict[str, Callable[[Rank], Optional[str]]] = {f.__name__: f for f in (subset, early_exit)}
 
 
-def _worker(names):
+def _worker(names: list[str]) -> None:
     # AIF_PATCH=1: import the package before accelerate; =late: after the logger exists (loggers
     # created before the patch must be covered too); anything else: leave accelerate as it is.
     patch = os.environ.get("AIF_PATCH")
@@ -259,7 +265,7 @@ _RECORD = re.compile(
 )
 
 
-def _expected_records(name, nproc):
+def _expected_records(name: str, nproc: int) -> list[tuple[int, list[int]]]:
     """[(call, [ranks in order])] that a correct in_order implementation prints."""
     everyone = list(range(nproc))
     if name == "rank_levels":
@@ -275,7 +281,7 @@ def _expected_records(name, nproc):
     return [(1, everyone)]
 
 
-def parse(lines, name):
+def parse(lines: list[str], name: str) -> list[tuple[int, int, str, str, int]]:
     """The records of scenario `name` in output order: [(call, rank, want, got, index)]."""
     records = []
     for index, line in enumerate(lines):
@@ -285,7 +291,7 @@ def parse(lines, name):
     return records
 
 
-def writers(lines, name):
+def writers(lines: list[str], name: str) -> dict[tuple[int, int], Optional[int]]:
     """{(call, rank): rank of the process that wrote the record} for scenario `name` (None: not said)."""
     found = {}
     for m in map(_RECORD.match, lines):
@@ -294,7 +300,7 @@ def writers(lines, name):
     return found
 
 
-def _wrong_prefix(lines, name):
+def _wrong_prefix(lines: list[str], name: str) -> Optional[str]:
     """The first record whose `[RANK n]` prefix (accelerate 1.13+) names another rank than its own, or None."""
     for m in map(_RECORD.match, lines):
         if m and m["tag"] == name and m["prefix"] not in (None, m["rank"]):
@@ -302,16 +308,16 @@ def _wrong_prefix(lines, name):
     return None
 
 
-def done_ranks(lines, name):
+def done_ranks(lines: list[str], name: str) -> set[int]:
     return {int(line.split()[2][1:]) for line in lines if line.startswith(f"{DONE} {name} ")}
 
 
-def call_bound(nproc):
+def call_bound(nproc: int) -> float:
     """The longest an in_order call of these scenarios may take on `nproc` ranks, every rank calling."""
     return STAGGER_SECONDS * (nproc - 1) + CALL_SLACK_SECONDS
 
 
-def check(name, nproc, lines):
+def check(name: str, nproc: int, lines: list[str]) -> tuple[str, str]:
     """Verdict for one scenario: ('ordered', '') or (problem, detail).
 
     Problems: 'deadlock' (not every rank finished), 'desync' (a collective after the call paired
@@ -354,7 +360,7 @@ def check(name, nproc, lines):
     return "ordered", ""
 
 
-def _named_missing(lines, name):
+def _named_missing(lines: list[str], name: str) -> Optional[str]:
     """The first "no record from rank" warning about scenario `name`'s calls (or about no call), else None."""
     functions = {*CHECK_SCENARIOS, *FAULT_SCENARIOS}
     if name in PARTIAL:  # its ranks are missing by design: the warning is the point
@@ -367,9 +373,10 @@ def _named_missing(lines, name):
     return None
 
 
-def _slowest_calls(lines, name):
+def _slowest_calls(lines: list[str], name: str) -> dict[int, float]:
     """{rank: its slowest in_order call of scenario `name`, seconds} from the ranks' results."""
-    prefix, found = f"{RESULT} {name} r", {}
+    prefix = f"{RESULT} {name} r"
+    found: dict[int, float] = {}
     for line in lines:
         if line.startswith(prefix) and " slowest_call=" in line:
             rank, value = line[len(prefix) :].split(" slowest_call=", 1)
@@ -377,7 +384,9 @@ def _slowest_calls(lines, name):
     return found
 
 
-def _site_or_prefix_problem(records, lines, name):
+def _site_or_prefix_problem(
+    records: list[tuple[int, int, str, str, int]], lines: list[str], name: str
+) -> Optional[tuple[str, str]]:
     """('caller', detail) or ('prefix', detail) for the first record reporting the wrong site or rank, else None."""
     for call, rank, want, where, _ in records:
         if want != where:
@@ -391,12 +400,12 @@ def _site_or_prefix_problem(records, lines, name):
 _WARNING = re.compile(r"accelerate-inorder-fix: .*no record from rank\(s\) (?P<ranks>[\d, ]+) within")
 
 
-def warned_ranks(lines):
+def warned_ranks(lines: list[str]) -> list[list[int]]:
     """[[ranks named by one warning], ...] in output order."""
     return [[int(x) for x in m["ranks"].split(",")] for m in map(_WARNING.search, lines) if m]
 
 
-def check_fault(name, nproc, lines, timeout):
+def check_fault(name: str, nproc: int, lines: list[str], timeout: float) -> tuple[str, str]:
     """Verdict for a fault scenario in gather mode: ('ordered', '') or (problem, detail).
 
     Problems as in `check`, plus 'warning' (the absent rank is not named exactly once, in the

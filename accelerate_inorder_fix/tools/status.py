@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from typing import Any
 
 from .. import __version__, _upstream, startup
 from .. import config as _config
@@ -16,7 +17,7 @@ from .._patcher import is_patched
 from ..config import SETTINGS
 
 
-def _import_or_none(name):
+def _import_or_none(name: str) -> Any:
     """The module, or None when it (not one of its own imports) is absent."""
     try:
         return importlib.import_module(name)
@@ -26,7 +27,7 @@ def _import_or_none(name):
         raise
 
 
-def accelerate_facts():
+def accelerate_facts() -> dict[str, Any]:
     """accelerate's version and where it lives, and which upstream `log` body it carries."""
     try:
         accelerate = _import_or_none("accelerate")
@@ -53,7 +54,7 @@ def accelerate_facts():
     return facts
 
 
-def torch_facts():
+def torch_facts() -> dict[str, Any]:
     try:
         torch = sys.modules.get("torch") or _import_or_none("torch")
     except Exception as exc:
@@ -63,7 +64,7 @@ def torch_facts():
     return {"installed": True, "version": getattr(torch, "__version__", "unknown")}
 
 
-def startup_hook_facts():
+def startup_hook_facts() -> dict[str, Any]:
     """What the start-up hook says of itself, or `available: False` when this build has no hook.
 
     `active`: installed and not switched off, so new processes here get the patch at start-up.
@@ -85,9 +86,9 @@ def startup_hook_facts():
     }
 
 
-def setting_facts():
+def setting_facts() -> dict[str, Any]:
     """Mode and timeout in effect, where each comes from, and env values that were ignored."""
-    facts = {}
+    facts: dict[str, Any] = {}
     for key, env, value, default in (
         ("mode", _config.MODE_ENV, SETTINGS.mode(), _config.DEFAULT_MODE),
         ("timeout", _config.TIMEOUT_ENV, SETTINGS.timeout(), _config.DEFAULT_TIMEOUT),
@@ -119,14 +120,14 @@ MODE_MEANS = {
 }
 
 
-def _same_number(raw, value):
+def _same_number(raw: str, value: object) -> bool:
     try:
         return float(raw) == value
     except ValueError:
         return False
 
 
-def outlook(switch, accelerate, hook):
+def outlook(switch: str, accelerate: dict[str, Any], hook: dict[str, Any]) -> dict[str, Any]:
     """Would a Python process here run with the fix, and how? ({"patched": bool, "how": str})."""
     if not accelerate.get("installed"):
         return {"patched": False, "how": "accelerate is not installed: nothing to patch"}
@@ -153,12 +154,12 @@ def outlook(switch, accelerate, hook):
     return {"patched": True, "how": via}
 
 
-def collect():
+def collect() -> dict[str, Any]:
     """Every fact `status` reports, as a JSON-ready dict."""
     accelerate = accelerate_facts()
     hook = startup_hook_facts()
     switch = _config.switch()
-    this_process = {"patched": is_patched()}
+    this_process: dict[str, Any] = {"patched": is_patched()}
     if this_process["patched"] and hook.get("patched_by") == "start-up hook":
         this_process["how"] = "by the start-up hook"
     elif this_process["patched"]:
@@ -176,13 +177,13 @@ def collect():
     }
 
 
-def _installed_line(name, facts):
+def _installed_line(name: str, facts: dict[str, Any]) -> str:
     if facts.get("installed"):
         return f"{name}: {facts['version']}"
     return f"{name}: NOT INSTALLED" + (f" ({facts['error']})" if facts.get("error") else "")
 
 
-def render(facts):
+def render(facts: dict[str, Any]) -> list[str]:
     """The report for a person, one fact a line."""
     acc = facts["accelerate"]
     lines = [

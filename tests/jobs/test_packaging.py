@@ -6,6 +6,7 @@ The wheel is installed into a fresh venv (tests/conftest.py: `make_venv`, whose 
 runner's site-packages), and run from a folder outside the repo with no PYTHONPATH to it.
 """
 
+import re
 import subprocess
 import sys
 import tarfile
@@ -40,6 +41,11 @@ def test_wheel_carries_the_hook_py_typed_the_license_and_the_bench(dists):
     } <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
+    # Developer-only benchmarks stay out: no old protocol, no old codec, no pickle or marshal anywhere.
+    wheel = zipfile.ZipFile(dists["wheel"])
+    sources = {n: wheel.read(n).decode() for n in names if n.endswith(".py")}
+    assert "accelerate_inorder_fix/gather/transport.py" in sources
+    assert not [n for n, text in sources.items() if re.search(r"pickle|marshal|LegacyInbox", text)]
 
 
 def test_sdist_builds_the_same_files(dists):

@@ -68,7 +68,7 @@ class Job:
         """The main process's call; returns how long it took."""
         self.handler.phase = ("block", site, count)
         start = time.monotonic()
-        self.collector.block((site, count), _record(site, count, 0) if own else None)
+        self.collector.emit_call((site, count), _record(site, count, 0) if own else None)
         return time.monotonic() - start
 
     def flush(self):

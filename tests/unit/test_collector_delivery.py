@@ -82,7 +82,7 @@ def test_every_record_exactly_once_in_rank_order_within_the_bound(kept, world, c
                 job.post(call, rank, enabled=plan[call, rank] == "on_time")
         if call not in main_skips:
             start = time.monotonic()
-            job.collector.block(site(call), record(call, 0))
+            job.collector.emit_call(site(call), record(call, 0))
             assert time.monotonic() - start < TIMEOUT + 0.5
         for rank in range(1, world):
             if plan[call, rank] == "late":
@@ -120,10 +120,10 @@ def test_a_raising_handler_loses_only_its_record(kept, capsys):
         job = Job(3)
         for rank in (1, 2):
             job.post(1, rank)
-        job.collector.block(site(1), record(1, 0))
+        job.collector.emit_call(site(1), record(1, 0))
         job.post(2, 1)
         job.post(2, 2)
-        job.collector.block(site(2), record(2, 0))
+        job.collector.emit_call(site(2), record(2, 0))
     finally:
         kept.removeFilter(refuse)
     assert kept.messages == ["c1 r0", "c1 r2", "c2 r0", "c2 r1", "c2 r2"]

@@ -29,8 +29,10 @@ def _record(count, rank, **attributes):
 
 
 def _line(copier, n, record, count=None):
+    """The record's payload, and its copy as the main process reads it from a slot."""
     payload, document = records.encode((SITE, n + 1 if count is None else count), record)
-    return payload, json.loads(copier.line(n, payload, document))
+    (copy,) = copies.parse_slot(copier.line(n, payload, document), copier.rank + 1)
+    return payload, copy
 
 
 def test_a_rank_sends_a_full_copy_then_deltas_until_something_else_changes():
@@ -75,7 +77,8 @@ def test_a_copy_of_the_wrong_shape_or_types_is_not_used():
     reader.decode(1, _line(copier, 0, _record(0, 1))[1])
     delta = _line(copier, 1, _record(1, 1))[1]
     assert reader.decode(1, delta) is not None
-    for place, value in ((3, "2"), (4, 42)):  # the count not an int; the message not text
+    assert len(delta) == copies.DeltaCopy.LENGTH
+    for place, value in ((copies.DeltaCopy.CALL_COUNT, "2"), (copies.DeltaCopy.MSG, 42)):  # not an int; not text
         assert reader.decode(1, delta[:place] + [value] + delta[place + 1 :]) is None
     assert reader.decode(1, [1, 0, b"not json".decode()]) is None
 
@@ -83,8 +86,8 @@ def test_a_copy_of_the_wrong_shape_or_types_is_not_used():
 def test_lines_of_a_slot_that_are_not_copies_are_dropped():
     good = copies.Copier(2, refresh=16).line(0, *records.encode((SITE, 1), _record(1, 2)))
     blob = b"garbage\n[1,0]\n[0,0,[2]]\n[9,0,null]\n[true,0,null]\n" + good + b'{"v": 1}\n'
-    assert [(rank, n) for rank, n, _ in copies.copies_in(blob, 4)] == [(2, 0)]
-    assert [(rank, n) for rank, n, _ in copies.copies_in(good + good, 4)] == [(2, 0), (2, 0)]
+    assert [(rank, n) for rank, n, _ in copies.parse_slot(blob, 4)] == [(2, 0)]
+    assert [(rank, n) for rank, n, _ in copies.parse_slot(good + good, 4)] == [(2, 0), (2, 0)]
 
 
 def test_a_rank_cleans_up_off_its_post():
@@ -146,6 +149,6 @@ def test_a_block_of_delta_copies_comes_out_whole_and_in_rank_order():
             outboxes[rank].post(*records.encode((SITE, count), _record(count, rank)))
         lines = [json.loads(line) for line in store.data[transport.slot_key(count - 1)].splitlines()]
         assert [len(line) for line in lines] == [3 if count == 1 else 8] * 3  # deltas from the second call
-        collector.block((SITE, count), _record(count, 0))
+        collector.emit_call((SITE, count), _record(count, 0))
         assert seen == [(f"step {count} r{rank}", None, 7) for rank in range(4)]
         seen.clear()

@@ -28,7 +28,14 @@ def test_ci_workflow_is_valid_for_github():
 
 def test_ci_runs_the_lint_the_unit_tier_and_each_release_from_the_one_list():
     text = WORKFLOW.read_text()
-    for step in ("ruff check .", "ruff format --check .", "lint-imports", "pytest tests/unit", "pytest tests/jobs"):
+    for step in (
+        "ruff check .",
+        "ruff format --check .",
+        "lint-imports",
+        "mypy",
+        "pytest tests/unit",
+        "pytest tests/jobs",
+    ):
         assert step in text, step
     assert "scripts/releases.txt" in text and "fromJSON(needs.lint-unit.outputs.releases)" in text
     assert not any(release in text for release in RELEASES)  # no second copy of the list

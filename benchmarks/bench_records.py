@@ -13,7 +13,7 @@ Each record kind is a real `Logger.log` record. A round times `--records` encode
 decodes, of one codec, then of the other (the first codec alternates between rounds); a figure is
 the median over `--rounds` rounds, per record.
 
-    python -m accelerate_inorder_fix.tools.bench_records [--records 2000] [--rounds 9] [--json FILE]
+    python benchmarks/bench_records.py [--records 2000] [--rounds 9] [--json FILE]
 
 `main(argv)` prints a Markdown table and returns the results.
 """
@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from ..gather import records
+from accelerate_inorder_fix.gather import records
 
 
 IDENTITY = (("train.py", "training_step", 120), 7)
