@@ -157,8 +157,8 @@ class Run:
 
         def counting(rank: int, line: list[Any], current: Optional[Identity] = None) -> Any:
             item = decode(rank, line, current)
-            self.deltas_decoded += int(item is not None and len(line) == 8)
-            self.full_decoded += int(item is not None and len(line) == 3)
+            self.deltas_decoded += int(item is not None and len(line) == copies.DeltaCopy.LENGTH)
+            self.full_decoded += int(item is not None and len(line) == copies.FullCopy.LENGTH)
             return item
 
         reader.decode = counting  # type: ignore[method-assign]
@@ -196,7 +196,7 @@ class Run:
             self.store.after_slot_read = [lambda cell=cell: self.post(*cell) for cell in during]
             self.store.between = plan.between[call]
             self.damage(call)
-            self.collector.block(identity, _record(call, 0, 0))
+            self.collector.emit_call(identity, _record(call, 0, 0))
         self.collector.flush()
 
 
