@@ -9,37 +9,37 @@ per call decides for every rank:
 - `go`: every rank checked in, so every rank will enter each barrier of the call (and the check-in
   itself stands for the barrier after rank 0's turn: rank 0 emits before it checks in);
 - `skip`: `ACCELERATE_INORDER_TIMEOUT` passed first. Nobody enters a barrier of this call; each rank
-  that made it emits its record at once. The verdict names the ranks that had not checked in.
+  that made it emits its record at once. One warning names the ranks that had not checked in.
 
 The protocol, keys under `accelerate_inorder_fix/b/<site>/<count>/` (N ranks, deadline T)::
 
     rank r                                          store
     ------                                          -----
-    append who "r,"         (no reply)              who: the ranks that checked in
-    add n 1                 -> a                    n counts arrivals; GIVE_UP is added to give up
-    a == N:          set v "go r"   (no reply)      the verdict: every rank is here
-    a >  GIVE_UP:    get v          (at once)       the call was given up before r came
-    otherwise:       get v          (blocks until T; r's wait is published in busy/<r>)
-      T passed:      add n GIVE_UP  -> g
-                     g % GIVE_UP >= N: go           (the last arrival came first: its `go` is on its way)
-                     else: read who, set v "skip r <missing>"
-    follow v; then, off the call path, the writer of `go` deletes n, who and v
+    add n 1                 -> a                    n counts arrivals; a give-up adds GIVE_UP
+    a == N:         set v "go"  (no reply)          the verdict: every rank is here
+    a >  GIVE_UP:   get v       (at once)           the call was given up before r came
+    otherwise:      set busy/<r> "<call> <deadline>"  (in the background: what r waits for, until when)
+                    get v       (until T)  -> the verdict
+      T passed:     add n GIVE_UP  -> g
+                    g % GIVE_UP == N: go            the N-th arrival came first: its `go` stands
+                    first to give up (g < 2 GIVE_UP): set v "skip r <missing>" (wakes the waiters)
+                    else: get v
+    follow the verdict; then, off the call path, the writer of `go` deletes n and v
 
-The verdict is decided by the order of the `add`s on one key, which the store serialises: `go` when the
-N-th arrival comes before any give-up, `skip` otherwise. Whoever writes `v`, every rank reads the same
-kind of verdict, so ranks never split; only the first to give up (its `add` returned the first
-GIVE_UP) warns. A rank that arrives after a `skip` reads it at once.
+A rank's check-in costs one round trip (`add`) and, unless it is the last to arrive, one `get`. The
+store serialises the `add`s on `n`: the call goes exactly when the N-th arrival comes before the first
+give-up, and exactly one of the two writes `v`, so every rank reads the same verdict: ranks never split.
 
 Suspects. A call site that some ranks never reach (a main-only call in a loop) would cost a timeout
-per call. So the ranks a `skip` named are suspects at that site: a later call there looks, without
-waiting, whether they have checked in, and gives up at once if not. A suspect that checks in there,
-even late, ends it (`back/<rank>` at the site): the next call there waits for it again. One timeout
-and one warning per site, not per call.
+per call. So the ranks a `skip` named are suspects at that site: a later call there that finds, on
+arrival, that not every rank is in gives up at once, and its `skip` wakes whoever waits. A suspect that comes to the site late appends
+to the site's `back` key; seeing it grow, the others wait there again. One timeout and one warning
+per site, not per call.
 
-Clean-up. A `go`'s keys are deleted after its barriers, when every rank has read the verdict; a `skip`'s
-when the same rank follows the next verdict at that site (late ranks find it until then). Deletes run
-in a thread of their own (`Janitor`), on the process group's own store connection, so that no call
-waits for them. The store holds a few keys per call site and one `busy` key per rank.
+Clean-up. A `go`'s keys are deleted after its barriers, when every rank has read `v`; a `skip`'s when
+the ranks follow the next verdict at that site (late ranks read them until then).
+Deletes run in a thread of their own (`Janitor`), on the process group's own store connection, so that
+no call waits for them. The store holds a few keys per call site and one `busy` key per rank.
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ Site = tuple[str, str, int]  # (file name, function, line) of the user's call: t
 GO = b"go"
 SKIP = b"skip"
 GIVE_UP = 1 << 32  # added to a call's arrival count by a rank that gives up on it
-BUSY = "b/busy/"  # + rank: "<call's key prefix> <deadline, epoch s> wait|done|gaveup": the rank's last wait
+# + rank: "<call's key prefix> <epoch seconds> wait|skip": the rank waits there until then, or followed
+# a `skip` there then. Only a rank that has waited a whole timeout reads it (`CheckIn._outlast`).
+BUSY = "b/busy/"
 _UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
 
@@ -68,30 +70,33 @@ class Verdict:
 
     Attributes:
         go: True: the barriers run. False: nobody enters them; each rank emits at once.
-        decider: the rank whose check-in wrote the verdict.
+        decider: the rank that wrote the verdict (-1: another rank, or not known here).
         missing: the ranks that had not checked in when a `skip` was decided (empty for `go`).
     """
 
     go: bool
-    decider: int
+    decider: int = -1
     missing: tuple[int, ...] = ()
 
     def encode(self) -> bytes:
-        """`go <decider>` or `skip <decider> <missing, comma-separated>`: plain ASCII, never code."""
-        missing = ",".join(map(str, self.missing)).encode()
-        return b"%s %d %s" % (GO if self.go else SKIP, self.decider, missing)
+        """`v`'s value: `go`, or `skip <decider> <missing, comma-separated>`; plain ASCII, never code."""
+        if self.go:
+            return GO
+        return b"%s %d %s" % (SKIP, self.decider, ",".join(map(str, self.missing)).encode())
 
     @classmethod
     def decode(cls, blob: bytes) -> Verdict:
-        """The verdict in `blob`. Anything else (a foreign or damaged value) reads as a `skip` by
-        nobody (-1): unordered output, never a barrier some rank might not enter."""
+        """The verdict in `blob`. Anything else (a foreign or damaged value) is a `skip` naming nobody:
+        unordered output, never a barrier some rank might not enter."""
+        if blob == GO:
+            return cls(True)
         word, _, rest = blob.partition(b" ")
         decider, _, missing = rest.partition(b" ")
         try:
-            verdict = cls(word == GO, int(decider), tuple(int(q) for q in missing.split(b",") if q))
+            skip = cls(False, int(decider), tuple(int(q) for q in missing.split(b",") if q))
         except ValueError:
-            return cls(False, -1)
-        return verdict if word in (GO, SKIP) else cls(False, -1)
+            return cls(False)
+        return skip if word == SKIP else cls(False)
 
 
 def site_key(site: Site) -> str:
@@ -99,23 +104,29 @@ def site_key(site: Site) -> str:
     return f"{zlib.crc32(repr(site).encode()):08x}"
 
 
-def _site_prefix(site: Site) -> str:
-    return f"b/{site_key(site)}/"
-
-
 class Janitor:
-    """Deletes keys off the call path: one daemon thread, on the process group's store connection."""
+    """Store writes off the call path, in order: one daemon thread, on the process group's connection.
+
+    It deletes what decided calls leave, and publishes each wait (`busy/<rank>`), which only a rank
+    that has waited a whole timeout reads: no call waits for either.
+    """
 
     def __init__(self, store: Any, warn: Callable[[str], None]) -> None:
         self._store = store
         self._warn = warn
-        self._keys: collections.deque[str] = collections.deque()
+        self._keys: collections.deque[tuple[str, Optional[bytes]]] = collections.deque()  # (key, value or delete)
         self._changed = threading.Condition()
         self._thread: Optional[threading.Thread] = None
 
     def discard(self, *keys: str) -> None:
+        self._queue([(key, None) for key in keys])
+
+    def publish(self, key: str, value: bytes) -> None:
+        self._queue([(key, value)])
+
+    def _queue(self, writes: list[tuple[str, Optional[bytes]]]) -> None:
         with self._changed:
-            self._keys.extend(keys)
+            self._keys.extend(writes)
             self._changed.notify()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="accelerate-inorder-fix-checkin", daemon=True)
@@ -130,23 +141,36 @@ class Janitor:
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: bool(self._keys))
-                name = self._keys[0]
+                name, value = self._keys[0]
             try:
-                self._store.delete_key(name)
-            except (RuntimeError, OSError):  # the store is gone: nothing left to keep small
+                if value is None:
+                    self._store.delete_key(name)
+                else:
+                    self._store.set(name, value)
+            except (RuntimeError, OSError):  # the store is gone: there is nothing left to keep small
                 pass
             except Exception as exc:  # not expected; the thread must outlive it, or the store would grow
-                self._warn(f"the in_order check-in could not delete a store key: {exc!r}")
+                self._warn(f"the in_order check-in could not write to the store: {exc!r}")
             with self._changed:
                 self._keys.popleft()
                 self._changed.notify_all()
 
 
+@dataclass
+class _SiteState:
+    """What one rank remembers of a call site between its calls there."""
+
+    prefix: str
+    suspects: tuple[int, ...] = ()
+    back_seen: int = 0  # length of the site's `back` key when the suspicion began
+    stale: tuple[str, ...] = ()  # keys of the site's last `skip`, deleted at its next verdict
+
+
 class CheckIn:
-    """One process's side of the check-in: its connection, its suspects, and what it must delete.
+    """One process's side of the check-in: its connection, and what it remembers of each call site.
 
     Args:
-        store: this process's own connection to the job's store (prefixed); its timeout is ours.
+        store: this process's own connection to the job's store (prefixed).
         rank, world_size: this process's place in the job.
         janitor: where keys to delete go (`Janitor` on the process group's connection).
     """
@@ -156,130 +180,134 @@ class CheckIn:
         self.rank = rank
         self.world_size = world_size
         self.janitor = janitor
-        self.suspects: dict[Site, tuple[tuple[int, ...], int]] = {}  # site -> (ranks, since which call)
-        self._stale: dict[Site, list[str]] = {}  # keys of a site's last `skip`, deleted at its next verdict
+        self.sites: dict[Site, _SiteState] = {}
 
     def verdict(self, site: Site, count: int, timeout: float) -> tuple[Verdict, Callable[[], None]]:
         """Check in for call `count` at `site`; the verdict, and what to call once it has been followed."""
-        base = _site_prefix(site) + f"{count}/"
-        store = self.store
-        store.append(base + "who", b"%d," % self.rank)
-        arrived = store.add(base + "n", 1)
+        known = self.sites.get(site) or self.sites.setdefault(site, _SiteState(f"b/{site_key(site)}/"))
+        base = f"{known.prefix}{count}/"
+        arrived = self.store.add(base + "n", 1)
         if arrived == self.world_size:
+            self.store.set(base + "v", GO)
             verdict = Verdict(True, self.rank)
-            store.set(base + "v", verdict.encode())
-        elif arrived > GIVE_UP or not self._suspects_away(site, base):
-            verdict = self._await(base, timeout)
+        elif arrived > GIVE_UP:  # given up before we came: the verdict is in `v`, or on its way
+            verdict = self._get(base + "v", time.time() + timeout) or Verdict(False)
+        elif known.suspects and not self._came_back(known):
+            verdict = self._give_up(base, known.suspects, timeout)
         else:
-            verdict = self._give_up(base, self.suspects[site][0])
-        return verdict, lambda: self._settle(site, count, verdict)
+            verdict = self._await(base, timeout)
+        return verdict, lambda: self._settle(known, base, verdict)
 
-    def _suspects_away(self, site: Site, base: str) -> bool:
-        """Whether this call should not wait: the site's suspects have not checked in, here or since.
-
-        A suspect that checks in late (after a `skip`) writes `back/<rank>` at the site, the count it
-        came to: from then on the site waits for it again.
-        """
-        suspects, since = self.suspects.get(site, ((), 0))
-        if not suspects:
+    def _came_back(self, known: _SiteState) -> bool:
+        """Whether a suspect has come to this site since the suspicion began (it appended to `back`)."""
+        if len(self._peek(known.prefix + "back")) <= known.back_seen:
             return False
-        back = [_site_prefix(site) + f"back/{q}" for q in suspects]
-        if set(suspects) <= self._checked_in(base) or (
-            self.store.check(back) and min(int(self._peek(name) or b"0") for name in back) >= since
-        ):
-            del self.suspects[site]
-            return False
+        known.suspects = ()
         return True
 
-    def _give_up(self, base: str, missing: Optional[tuple[int, ...]] = None) -> Verdict:
-        """Add GIVE_UP to the arrivals; `go` if every rank had arrived first, else write and return `skip`."""
-        total = self.store.add(base + "n", GIVE_UP)
-        if total % GIVE_UP >= self.world_size:  # the last arrival came first: its `go` stands
-            return Verdict(True, -1)
-        if missing is None:
-            missing = tuple(sorted(set(range(self.world_size)) - self._checked_in(base)))
-        first = total // GIVE_UP == 1  # only the first to give up writes the verdict and speaks for it
-        verdict = Verdict(False, self.rank if first else -1, missing)
-        if first:
-            self.store.set(base + "v", verdict.encode())
-        return verdict
-
-    def _checked_in(self, base: str) -> set[int]:
-        return {int(q) for q in self._peek(base + "who").split(b",") if q.isdigit()}
-
     def _await(self, base: str, timeout: float) -> Verdict:
-        """Wait for the verdict; past the deadline give up -- after one more timeout at most when a
-        missing rank is held up by a check-in elsewhere that should give way (`_outlast`)."""
+        """Wait for `go`; past the deadline give up -- after one more timeout at most when a missing
+        rank is held up by a check-in elsewhere that should give way (`_outlast`)."""
         start = time.time()
         deadline = start + timeout
-        self._publish_wait(base, deadline, b"wait")
+        self.janitor.publish(BUSY + str(self.rank), b"%s %.3f wait" % (base.encode(), deadline))
         verdict = self._get(base + "v", deadline)
-        if verdict is None and self._outlast(base, start, deadline):
+        if verdict is not None:
+            return verdict
+        waits = self._waits()
+        if self._outlast(base, waits, start, deadline):
             verdict = self._get(base + "v", deadline + timeout)
-        if verdict is None:
-            self._publish_wait(base, deadline, b"gaveup")
-            return self._give_up(base)
-        self._publish_wait(base, deadline, b"done")
-        return verdict
-
-    def _publish_wait(self, base: str, deadline: float, state: bytes) -> None:
-        self.store.set(BUSY + str(self.rank), b"%s %.3f %s" % (base.encode(), deadline, state))
+        missing = tuple(q for q, (where, _, _) in sorted(waits.items()) if where != base and q != self.rank)
+        return verdict or self._give_up(base, missing, timeout)
 
     def _get(self, name: str, deadline: float) -> Optional[Verdict]:
-        """The verdict in `name`, waiting until `deadline` (epoch seconds); None if none came."""
+        """The verdict in `name` once it is there, waiting until `deadline` (epoch seconds); None if not."""
         self.store.set_timeout(datetime.timedelta(seconds=max(deadline - time.time(), 0.001)))
         try:
             return Verdict.decode(bytes(self.store.get(name)))
-        except RuntimeError:  # DistStoreError: the deadline passed with no verdict
+        except RuntimeError:  # DistStoreError: the deadline passed
             return None
+
+    def _give_up(self, base: str, missing: tuple[int, ...], timeout: float) -> Verdict:
+        """Add GIVE_UP to the arrivals: `go` if every rank had arrived first, else `skip`.
+
+        Only the first to give up writes the `skip` (naming the ranks that had not come), and so wakes
+        the ranks still waiting; the others read it from `v`.
+        """
+        total = self.store.add(base + "n", GIVE_UP)
+        if total % GIVE_UP == self.world_size:  # the last arrival came first: its `go` stands
+            return Verdict(True)
+        if total // GIVE_UP > 1:
+            return self._get(base + "v", time.time() + timeout) or Verdict(False)
+        verdict = Verdict(False, self.rank, missing)
+        self.store.set(base + "v", verdict.encode())
+        return verdict
+
+    def _waits(self) -> dict[int, tuple[str, float, bytes]]:
+        """{rank: (the call it last waited at or skipped, until or when, b"wait" or b"skip")}, from `busy/<rank>`."""
+        waits = {}
+        for q in range(self.world_size):
+            where, _, rest = self._peek(BUSY + str(q)).partition(b" ")
+            when, _, state = rest.partition(b" ")
+            try:
+                waits[q] = (where.decode(), float(when), state)
+            except ValueError:  # no wait yet, or a foreign value
+                waits[q] = ("", 0.0, b"")
+        return waits
+
+    def _outlast(self, base: str, waits: dict[int, tuple[str, float, bytes]], start: float, deadline: float) -> bool:
+        """Whether to wait once more: a missing rank is held up at another check-in, and will come.
+
+        The hard case is a wait-for cycle: rank 0 waits at a main-only call for ranks that never make
+        it, while they wait for rank 0 at the next call. One side must give up so that the other can
+        go on, and both ask the same question: the call with more ranks checked in is the one the job
+        means (the tie goes to the call whose wait began later). A rank that left a `skip` elsewhere
+        while we waited is on its way too.
+        """
+        ours = self._arrivals(base)
+        for where, when, state in waits.values():
+            if where in ("", base):
+                continue
+            if state == b"skip":
+                if when >= start:  # it left a call given up elsewhere during our wait: on its way here
+                    return True
+                continue
+            theirs = self._arrivals(where)
+            if theirs is None or theirs == self.world_size:  # that call went on: not held up there
+                continue
+            if theirs > GIVE_UP:  # given up, and about to leave it
+                if when >= start:
+                    return True
+            elif ours is not None and (ours > theirs or (ours == theirs and when < deadline)):
+                return True
+        return False
+
+    def _arrivals(self, base: str) -> Optional[int]:
+        """A call's arrival count (GIVE_UP added per give-up); None when its keys are gone."""
+        blob = self._peek(base + "n")
+        return int(blob) if blob.isdigit() else None
 
     def _peek(self, name: str) -> bytes:
         """The value of `name`, or b"" when it has none: never waits, never creates it."""
         blob = bytes(self.store.compare_set(name, _UNSET, _UNSET))
         return b"" if blob == _UNSET else blob
 
-    def _outlast(self, base: str, start: float, deadline: float) -> bool:
-        """Whether to wait once more: a missing rank is held up at another check-in, and will come.
-
-        The hard case is a wait-for cycle: rank 0 waits at a main-only call for ranks that never make
-        it, while they wait for rank 0 at the next call. One side must give up so that the other can
-        go on, and both ask the same question: the call with more ranks checked in is the one the job
-        means (the tie goes to the call whose wait began later). A rank that gave up elsewhere while
-        we waited is on its way too. Each rank publishes its wait (`BUSY`) for this.
-        """
-        missing = set(range(self.world_size)) - self._checked_in(base)
-        for q in missing:
-            where, _, rest = self._peek(BUSY + str(q)).partition(b" ")
-            when, _, state = rest.partition(b" ")
-            try:
-                their_deadline = float(when)
-            except ValueError:
-                continue
-            if where == base.encode():
-                continue
-            if state == b"gaveup" and their_deadline >= start:
-                return True
-            if state == b"wait" and self._means_more(base, where.decode(), deadline, their_deadline):
-                return True
-        return False
-
-    def _means_more(self, base: str, theirs: str, deadline: float, their_deadline: float) -> bool:
-        ours_n, theirs_n = (int(self._peek(name + "n") or b"0") % GIVE_UP for name in (base, theirs))
-        return ours_n > theirs_n or (ours_n == theirs_n and their_deadline < deadline)
-
-    def _settle(self, site: Site, count: int, verdict: Verdict) -> None:
-        """After the call: suspects, and this call's keys (and a stale verdict) to the janitor."""
-        base = _site_prefix(site) + f"{count}/"
-        done = self._stale.pop(site, [])
+    def _settle(self, known: _SiteState, base: str, verdict: Verdict) -> None:
+        """After the call: the site's suspects, and this call's keys (and stale ones) to the janitor."""
+        done = list(known.stale)
+        known.stale = ()
         if verdict.go:
-            self.suspects.pop(site, None)
+            known.suspects = ()
             if verdict.decider == self.rank:  # the last to arrive: every rank has read `v` by now
-                done += [base + "n", base + "who", base + "v"]
+                done += [base + "n", base + "v"]
         else:
-            done += [base + "n", base + "who"]  # a late rank recreates them, and deletes them again
-            self._stale[site] = [base + "v"]
+            known.stale = (base + "n", base + "v")
+            # Whoever waits for us elsewhere can tell that we are on our way (`_outlast`).
+            self.janitor.publish(BUSY + str(self.rank), b"%s %.3f skip" % (base.encode(), time.time()))
             if self.rank in verdict.missing:  # we came late: the others' suspicion of us ends here
-                self.store.set(_site_prefix(site) + f"back/{self.rank}", str(count).encode())
-            elif site not in self.suspects:
-                self.suspects[site] = (verdict.missing, count)
-        self.janitor.discard(*done)
+                self.store.append(known.prefix + "back", b".")
+            elif not known.suspects and verdict.missing:
+                known.suspects = verdict.missing
+                known.back_seen = len(self._peek(known.prefix + "back"))
+        if done:
+            self.janitor.discard(*done)
