@@ -68,13 +68,12 @@ def _above_wrapper(wrapper: Any, body: UpstreamBody) -> Any:
     return frame
 
 
-def _default_stacklevel(frame: Any, body: UpstreamBody) -> int:
+def _default_stacklevel(wrapper: Any, body: UpstreamBody) -> int:
     """Upstream's default `stacklevel` (2: the frame above `log`), moved past `warning_once` (3).
 
-    `frame` is the wrapper's own on every plain call: that case skips the walk (the hot path).
+    `wrapper` is the wrapper's own frame: this runs on every plain call, so nothing here walks.
     """
-    wrapper = frame if id(frame.f_code) in _WRAPPER_IDS else _up_to_wrapper(frame)[0]
-    above = _above_wrapper(wrapper, body) if wrapper is not None else None
+    above = _above_wrapper(wrapper, body)
     if above is not None and above.f_code is _WARNING_CODE:
         caller = above.f_back
         if caller is not None and caller.f_code is body.warning_once_code:
@@ -83,12 +82,12 @@ def _default_stacklevel(frame: Any, body: UpstreamBody) -> int:
 
 
 def caller_stacklevel(body: UpstreamBody, kwargs: dict[str, Any]) -> int:
-    """The `stacklevel` for a `Logger.log` call made by the wrapper itself; called by the wrapper.
+    """The `stacklevel` for a `Logger.log` call made by the wrapper itself; called by the wrapper only.
 
     A function below the wrapper that makes the call adds its own frames (`counted_from_here`).
     """
-    level = kwargs.get("stacklevel") or _default_stacklevel(_getframe(1), body)  # the walk starts at the caller
-    return int(level) + body.wrapper_frames
+    level: int = kwargs.get("stacklevel") or _default_stacklevel(_getframe(1), body)  # frame 1: the wrapper
+    return level + body.wrapper_frames
 
 
 def counted_from_here(kwargs: dict[str, Any], callee: bool = False) -> dict[str, Any]:
