@@ -130,6 +130,28 @@ def wheel_venv(tmp_path_factory, wheel):
     return venv
 
 
+def two_nodes(script_args, env, tmp_path, node_env=("", ""), timeout=120.0):
+    """Two torchrun agents of 2 ranks each on one loopback rendezvous: a 2-node job under a hard timeout.
+
+    `node_env`: a `NAME=value ` prefix for each node's command. Each node's stdout and stderr go to files.
+    Returns (the job, [each node's stdout lines], [each node's stderr]).
+    """
+    from accelerate_inorder_fix.tools import launch as _launch
+
+    port = _launch.free_port()
+    parts = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
+        cmd += ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port), *script_args]
+        out = f"> {tmp_path}/node{node}.out 2> {tmp_path}/node{node}.err"
+        parts.append(f"{node_env[node]}{subprocess.list2cmdline(cmd)} {out}")
+    script = f"{parts[0]} & a=$!; {parts[1]} & b=$!; wait $a; ra=$?; wait $b; rb=$?; exit $((ra | rb))"
+    job = _launch.run(["bash", "-c", script], env=env, timeout=timeout)
+    lines = [(tmp_path / f"node{n}.out").read_text().splitlines() for n in (0, 1)]
+    errors = [(tmp_path / f"node{n}.err").read_text() for n in (0, 1)]
+    return job, lines, errors
+
+
 def release_of(item):
     """The release a collected test belongs to, for AIF_TEST_RELEASE."""
     params = getattr(getattr(item, "callspec", None), "params", {})

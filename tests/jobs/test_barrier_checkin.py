@@ -10,11 +10,9 @@ The cases are in scripts/partial_calls.py; every job ends each case with a check
 
 import collections
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, SCRIPTS, accelerate_dir
+from conftest import REPO, SCRIPTS, accelerate_dir, two_nodes
 
 from accelerate_inorder_fix.tools import launch as _launch
 
@@ -159,21 +157,15 @@ def test_partial_call_hangs_without_the_check_in():
 
 def test_two_nodes_main_only_call(tmp_path):
     """The main-only case on 2 nodes x 2 ranks (two torchrun agents on a loopback rendezvous)."""
-    port = _launch.free_port()
-    nodes = []
-    for node in (0, 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
-        cmd += ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port)]
-        nodes.append(f"{subprocess.list2cmdline([*cmd, SCRIPT, 'main_only_hidden'])} > {tmp_path}/node{node}.out")
-    script = f"{nodes[0]} & a=$!; {nodes[1]} & b=$!; wait $a; ra=$?; wait $b; rb=$?; exit $((ra | rb))"
-    job = _launch.run(["bash", "-c", script], env=env_for("1.15.0"), timeout=120)
-    assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
-    lines = (tmp_path / "node0.out").read_text().splitlines() + (tmp_path / "node1.out").read_text().splitlines()
+    job, nodes, errors = two_nodes([SCRIPT, "main_only_hidden"], env_for("1.15.0"), tmp_path)
+    assert job.killed is None and job.returncode == 0, (job, errors)
+    lines = nodes[0] + nodes[1]
     found = records(lines, "main_only_hidden")
     assert sorted(found) == [(call, rank, rank) for call in range(LOOPS + 1, LOOPS + 6) for rank in ALL]
     for node, ranks in ((0, (0, 1)), (1, (2, 3))):  # each node's own records, in order within the node
-        own = records((tmp_path / f"node{node}.out").read_text().splitlines(), "main_only_hidden")
+        own = records(nodes[node], "main_only_hidden")
         assert own == [(c, r, r) for c in range(LOOPS + 1, LOOPS + 6) for r in ranks], own
     assert results(lines, "main_only_hidden", "seconds")[0] < 2 * TIMEOUT
     assert set(results(lines, "main_only_hidden", "sum").values()) == {10.0}
-    assert [w for w in skipped(job.stderr) if w[1] == [1, 2, 3]] == [("calls", [1, 2, 3])], job.stderr[-3000:]
+    warned = skipped(errors[0] + errors[1])
+    assert [w for w in warned if w[1] == [1, 2, 3]] == [("calls", [1, 2, 3])], errors

@@ -9,11 +9,10 @@ bound, and checks the one-line warnings the faults must produce.
 
 import collections
 import re
-import subprocess
 import sys
 
 import pytest
-from conftest import REPO, SCRIPTS, accelerate_dir, run_python
+from conftest import REPO, SCRIPTS, accelerate_dir, run_python, two_nodes
 
 from accelerate_inorder_fix.tools import launch as _launch
 
@@ -278,20 +277,9 @@ def test_gather_mode_a_skipped_call_shifts_that_ranks_later_records_back_one_blo
 
 def test_two_nodes_disagreeing_on_mode_use_the_main_process_mode(tmp_path):
     """`ACCELERATE_INORDER_MODE=gather` exported on node 1 only: barrier mode everywhere, node 1's ranks say so."""
-    port = _launch.free_port()
-    parts = []
-    for node in (0, 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
-        cmd += ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port)]
-        cmd += [SCRIPT, "plain,threads"]
-        mode = "ACCELERATE_INORDER_MODE=gather " if node else ""
-        parts.append(f"{mode}{subprocess.list2cmdline(cmd)} > {tmp_path}/node{node}.out 2> {tmp_path}/node{node}.err")
-    script = f"{parts[0]} & a=$!; {parts[1]} & b=$!; wait $a; ra=$?; wait $b; rb=$?; exit $((ra | rb))"
-    env = env_for("1.15.0", None)
-    job = _launch.run(["bash", "-c", script], env=env, timeout=120)
+    node_env = ("", "ACCELERATE_INORDER_MODE=gather ")
+    job, out, err = two_nodes([SCRIPT, "plain,threads"], env_for("1.15.0", None), tmp_path, node_env)
     assert_ended(job, 90)
-    out = [(tmp_path / f"node{n}.out").read_text().splitlines() for n in (0, 1)]
-    err = [(tmp_path / f"node{n}.err").read_text() for n in (0, 1)]
     found = records(out[0] + out[1])
     expect(found, "plain", 1, ALL, by=None)
     expect(found, "plain", 2, ALL, by=None)

@@ -56,6 +56,10 @@ def _timed(r, case, calls):
     r.result(case, "seconds", round(time.monotonic() - start, 3))
 
 
+# main_only_hidden and main_only_shown are alike on purpose: each case needs an in_order call site of its
+# own (a site's count and suspects carry over between cases that share one).
+
+
 def main_only_hidden(r):
     """`if is_main_process: logger.debug(..., in_order=True)` at INFO level in a loop, then ordinary calls."""
 
