@@ -18,8 +18,8 @@ The protocol, keys under `accelerate_inorder_fix/b/<site>/<count>/` (N ranks, de
     add n 1                 -> a                    n counts arrivals; a give-up adds GIVE_UP
     a == N:         set v "go"  (no reply)          the verdict: every rank is here
     a >  GIVE_UP:   get v       (at once)           the call was given up before r came
-    otherwise:      set busy/<r> "<call> <deadline>"  (in the background: what r waits for, until when)
-                    get v       (until T)  -> the verdict
+    otherwise:      set busy/<r> "<call> <deadline>"  (in the background: where r waits, until when)
+                    get v       (until T/2, then, unless a wait-for cycle ends it, until T)
       T passed:     add n GIVE_UP  -> g
                     g % GIVE_UP == N: go            the N-th arrival came first: its `go` stands
                     first to give up (g < 2 GIVE_UP): set v "skip r <missing>" (wakes the waiters)
@@ -29,6 +29,11 @@ The protocol, keys under `accelerate_inorder_fix/b/<site>/<count>/` (N ranks, de
 A rank's check-in costs one round trip (`add`) and, unless it is the last to arrive, one `get`. The
 store serialises the `add`s on `n`: the call goes exactly when the N-th arrival comes before the first
 give-up, and exactly one of the two writes `v`, so every rank reads the same verdict: ranks never split.
+
+Wait-for cycles. Rank 0 waits at a main-only call while the others wait for it at the next call:
+halfway through its wait, a rank looks where the missing ranks wait, and the smaller of two calls that
+wait for each other is given up at once (`CheckIn._give_way`), so the other goes, and no wait outlives
+its timeout.
 
 Suspects. A call site that some ranks never reach (a main-only call in a loop) would cost a timeout
 per call. So the ranks a `skip` named are suspects at that site: a later call there that finds, on
@@ -58,8 +63,8 @@ Site = tuple[str, str, int]  # (file name, function, line) of the user's call: t
 GO = b"go"
 SKIP = b"skip"
 GIVE_UP = 1 << 32  # added to a call's arrival count by a rank that gives up on it
-# + rank: "<call's key prefix> <epoch seconds> wait|skip": the rank waits there until then, or followed
-# a `skip` there then. Only a rank that has waited a whole timeout reads it (`CheckIn._outlast`).
+# + rank: "<call's key prefix> <deadline, epoch seconds>": where the rank last waited, until when. Only a
+# rank whose own wait is half over reads it (`CheckIn._give_way`).
 BUSY = "b/busy/"
 _UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
@@ -206,19 +211,16 @@ class CheckIn:
         return True
 
     def _await(self, base: str, timeout: float) -> Verdict:
-        """Wait for `go`; past the deadline give up -- after one more timeout at most when a missing
-        rank is held up by a check-in elsewhere that should give way (`_outlast`)."""
+        """Wait for the verdict until the deadline, then give up; halfway, break a wait-for cycle."""
         start = time.time()
-        deadline = start + timeout
-        self.janitor.publish(BUSY + str(self.rank), b"%s %.3f wait" % (base.encode(), deadline))
-        verdict = self._get(base + "v", deadline)
+        self.janitor.publish(BUSY + str(self.rank), b"%s %.3f" % (base.encode(), start + timeout))
+        verdict = self._get(base + "v", start + timeout / 2)
+        if verdict is None and not self._give_way(base, timeout):
+            verdict = self._get(base + "v", start + timeout)
         if verdict is not None:
             return verdict
         waits = self._waits()
-        if self._outlast(base, waits, start, deadline):
-            verdict = self._get(base + "v", deadline + timeout)
-        missing = tuple(q for q, (where, _, _) in sorted(waits.items()) if where != base and q != self.rank)
-        return verdict or self._give_up(base, missing, timeout)
+        return self._give_up(base, tuple(q for q in sorted(waits) if waits[q][0] != base and q != self.rank), timeout)
 
     def _get(self, name: str, deadline: float) -> Optional[Verdict]:
         """The verdict in `name` once it is there, waiting until `deadline` (epoch seconds); None if not."""
@@ -243,44 +245,44 @@ class CheckIn:
         self.store.set(base + "v", verdict.encode())
         return verdict
 
-    def _waits(self) -> dict[int, tuple[str, float, bytes]]:
-        """{rank: (the call it last waited at or skipped, until or when, b"wait" or b"skip")}, from `busy/<rank>`."""
+    def _waits(self) -> dict[int, tuple[str, float]]:
+        """{rank: (the call it last waited at, until when)} for every rank, from `busy/<rank>`."""
         waits = {}
         for q in range(self.world_size):
-            where, _, rest = self._peek(BUSY + str(q)).partition(b" ")
-            when, _, state = rest.partition(b" ")
+            where, _, until = self._peek(BUSY + str(q)).partition(b" ")
             try:
-                waits[q] = (where.decode(), float(when), state)
+                waits[q] = (where.decode(), float(until))
             except ValueError:  # no wait yet, or a foreign value
-                waits[q] = ("", 0.0, b"")
+                waits[q] = ("", 0.0)
         return waits
 
-    def _outlast(self, base: str, waits: dict[int, tuple[str, float, bytes]], start: float, deadline: float) -> bool:
-        """Whether to wait once more: a missing rank is held up at another check-in, and will come.
+    def _give_way(self, base: str, timeout: float) -> bool:
+        """Halfway through a wait: break a wait-for cycle. True when this call should give up now.
 
-        The hard case is a wait-for cycle: rank 0 waits at a main-only call for ranks that never make
-        it, while they wait for rank 0 at the next call. One side must give up so that the other can
-        go on, and both ask the same question: the call with more ranks checked in is the one the job
-        means (the tie goes to the call whose wait began later). A rank that left a `skip` elsewhere
-        while we waited is on its way too.
+        The hard case: rank 0 waits at a main-only call A for ranks that never make it, while they
+        wait for rank 0 at the next call B. Both waits would run their whole timeout, and B's, begun
+        a little later, would end just before rank 0, done with A, comes. So halfway through, each
+        waiting rank looks where the missing ranks wait (`busy/<q>`): of two calls that wait for each
+        other, the one fewer ranks have made (on a tie, the smaller key) is the mistake, and is given
+        up at once, by its own waiters or by the other call's. No wait outlasts its timeout.
         """
+        waits = self._waits()
         ours = self._arrivals(base)
-        for where, when, state in waits.values():
-            if where in ("", base):
+        for where, _ in set(waits.values()):
+            theirs = self._arrivals(where) if where not in ("", base) else None
+            if ours is None or theirs is None or theirs >= self.world_size:  # not waiting there any more
                 continue
-            if state == b"skip":
-                if when >= start:  # it left a call given up elsewhere during our wait: on its way here
-                    return True
-                continue
-            theirs = self._arrivals(where)
-            if theirs is None or theirs == self.world_size:  # that call went on: not held up there
-                continue
-            if theirs > GIVE_UP:  # given up, and about to leave it
-                if when >= start:
-                    return True
-            elif ours is not None and (ours > theirs or (ours == theirs and when < deadline)):
+            if (theirs, where) > (ours, base):
                 return True
+            self._give_up_for(where, waits)
         return False
+
+    def _give_up_for(self, where: str, waits: dict[int, tuple[str, float]]) -> None:
+        """Give up call `where` for the ranks waiting there (the smaller call of a wait-for cycle)."""
+        total = self.store.add(where + "n", GIVE_UP)
+        if total % GIVE_UP != self.world_size and total // GIVE_UP == 1:
+            missing = tuple(q for q in sorted(waits) if waits[q][0] != where)
+            self.store.set(where + "v", Verdict(False, self.rank, missing).encode())
 
     def _arrivals(self, base: str) -> Optional[int]:
         """A call's arrival count (GIVE_UP added per give-up); None when its keys are gone."""
@@ -302,8 +304,6 @@ class CheckIn:
                 done += [base + "n", base + "v"]
         else:
             known.stale = (base + "n", base + "v")
-            # Whoever waits for us elsewhere can tell that we are on our way (`_outlast`).
-            self.janitor.publish(BUSY + str(self.rank), b"%s %.3f skip" % (base.encode(), time.time()))
             if self.rank in verdict.missing:  # we came late: the others' suspicion of us ends here
                 self.store.append(known.prefix + "back", b".")
             elif not known.suspects and verdict.missing:

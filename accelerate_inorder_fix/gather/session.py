@@ -186,14 +186,19 @@ class GatherSession:
             return ("go" if verdict.go else "skip"), settle
 
     def _say_skipped(self, site: Site, count: int, verdict: _checkin.Verdict, timeout: float) -> None:
-        rank = self._checkin.rank if self._checkin is not None else -1
+        """One line for a given-up call: by the rank that gave it up, or, when that rank was not one of its
+        callers (it gave up a call that blocked its own), by the lowest rank that made it."""
+        if self._checkin is None:
+            return
+        rank = self._checkin.rank
         where = f"{site[0]}:{site[2]} ({site[1]})"
-        if verdict.decider == rank:
+        callers = sorted(set(range(self._checkin.world_size)) - set(verdict.missing))
+        if verdict.decider == rank or (verdict.decider in verdict.missing and callers[:1] == [rank]):
             ranks = ", ".join(map(str, verdict.missing)) or "?"
             warn_once(
                 ("checkin-skip", site, verdict.missing),
-                f"in_order call at {where}: rank(s) {ranks} did not make call #{count} there within "
-                f"{timeout:g} s (ACCELERATE_INORDER_TIMEOUT); logged unordered, without barriers. An in_order "
+                f"in_order call at {where}: rank(s) {ranks} did not make call #{count} there in time "
+                f"(ACCELERATE_INORDER_TIMEOUT={timeout:g} s); logged unordered, without barriers. An in_order "
                 "call is collective: every rank must make it. Later calls there wait for these ranks only "
                 "once they make them again.",
             )

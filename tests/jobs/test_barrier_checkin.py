@@ -1,5 +1,5 @@
 """Promise: in barrier mode an in_order call that some ranks do not make never hangs or desynchronises the
-job: it costs at most one `ACCELERATE_INORDER_TIMEOUT` per call site, is named in one warning, and every
+job: it costs at most one `ACCELERATE_INORDER_TIMEOUT` per call site (no wait is longer), is named in one warning, and every
 record made is printed exactly once -- proven on real 4-rank jobs (torchrun, CPU gloo).
 
 Each case below hangs on the code before the check-in (main at dee6faa, killed after 20 s of silence:
@@ -20,6 +20,7 @@ from accelerate_inorder_fix.tools import launch as _launch
 SCRIPT = str(SCRIPTS / "partial_calls.py")
 NPROC = 4
 TIMEOUT = 3.0
+SLACK = 1.0  # seconds of the machine's own (2 shared cores) beyond a wait's bound
 LOOPS = 20  # partial_calls.LOOPS: calls of the main-only loop
 CASES = ["main_only_hidden", "main_only_shown", "skip_one", "late_rank"]
 RECORD = re.compile(
@@ -87,7 +88,9 @@ def line_of(text):
 
 def test_main_only_call_at_a_hidden_level_costs_one_timeout_and_one_warning(job):
     seconds = results(job.lines, "main_only_hidden", "seconds")
-    assert TIMEOUT <= seconds[0] < 2 * TIMEOUT, seconds  # 20 calls, one timeout in all
+    # 20 calls, one wait in all, never past the timeout: rank 0 gives its call up once it sees the others
+    # wait for it at the next call (halfway through its wait), or at the timeout.
+    assert seconds[0] < TIMEOUT + SLACK, seconds
     assert max(seconds[r] for r in (1, 2, 3)) < 1.0, seconds
     found = records(job.lines, "main_only_hidden")
     assert [r for r in found if r[0] <= LOOPS] == []  # debug at INFO: nothing printed, as upstream
@@ -111,7 +114,7 @@ def test_main_only_call_at_a_shown_level_prints_each_record_once(job):
     found = records(job.lines, "main_only_shown")
     assert sorted(r for r in found if r[0] <= LOOPS) == [(call, 0, 0) for call in range(1, LOOPS + 1)]
     assert blocks(found, range(LOOPS + 1, LOOPS + 6)), found
-    assert results(job.lines, "main_only_shown", "seconds")[0] < 2 * TIMEOUT
+    assert results(job.lines, "main_only_shown", "seconds")[0] < TIMEOUT + SLACK
 
 
 def test_a_rank_that_skips_one_call_pairs_one_call_late_and_costs_one_timeout(job):
@@ -124,7 +127,7 @@ def test_a_rank_that_skips_one_call_pairs_one_call_late_and_costs_one_timeout(jo
         block = [rank for c, rank, _ in found if c == call and rank < 3] + [3]
         assert block == ALL
     seconds = results(job.lines, "skip_one", "seconds")
-    assert max(seconds.values()) < 2 * TIMEOUT, seconds  # one timeout, at the call rank 3 never makes
+    assert TIMEOUT <= max(seconds.values()) < TIMEOUT + SLACK, seconds  # one timeout, at the call rank 3 skips
 
 
 def test_a_rank_late_by_most_of_the_timeout_is_waited_for(job):
@@ -165,7 +168,7 @@ def test_two_nodes_main_only_call(tmp_path):
     for node, ranks in ((0, (0, 1)), (1, (2, 3))):  # each node's own records, in order within the node
         own = records(nodes[node], "main_only_hidden")
         assert own == [(c, r, r) for c in range(LOOPS + 1, LOOPS + 6) for r in ranks], own
-    assert results(lines, "main_only_hidden", "seconds")[0] < 2 * TIMEOUT
+    assert results(lines, "main_only_hidden", "seconds")[0] < TIMEOUT + SLACK
     assert set(results(lines, "main_only_hidden", "sum").values()) == {10.0}
     warned = skipped(errors[0] + errors[1])
     assert [w for w in warned if w[1] == [1, 2, 3]] == [("calls", [1, 2, 3])], errors

@@ -116,9 +116,10 @@ def test_suspects_cost_no_wait_until_they_come_back(store):
     assert not sides[0].sites[SITE_A].suspects
 
 
-def test_the_longer_wait_of_a_wait_for_cycle_gives_way(store):
+def test_a_wait_for_cycle_is_broken_halfway_by_the_smaller_call(store):
     """The others wait for rank 0 at B from before rank 0 starts waiting at a main-only call A (in a loop),
-    so their deadline comes first: they wait once more (B has more ranks checked in), A gives way, B goes."""
+    so their deadline comes first. Halfway through their wait they give A up for rank 0 (fewer ranks made
+    it), rank 0 comes to B, and B goes: nobody waits past the timeout."""
     sides = ranks(store)
     others_waiting = threading.Event()
 
@@ -140,14 +141,15 @@ def test_the_longer_wait_of_a_wait_for_cycle_gives_way(store):
     calls.update({r: (lambda s=s: other(s)) for s, r in zip(sides[1:], (1, 2, 3))})
     out = run(calls)
     a, b = out[0][0]
-    assert not a.go and a.missing == (1, 2, 3)
+    assert not a.go and a.missing == (1, 2, 3) and a.decider in (1, 2, 3)  # given up by B's waiters
     assert b.go and all(out[r][0].go for r in (1, 2, 3)), out
-    assert max(seconds for _, seconds in out.values()) < 2 * 0.5 + 0.5  # within two timeouts
+    assert max(seconds for r, (_, seconds) in out.items() if r) < 0.5  # B went within the others' timeout
 
 
-def test_a_rank_that_left_a_given_up_call_is_waited_for(store):
-    """Rank 0 gives up its main-only call A before the others' deadline at B, but reaches B after it (the
-    rest of its loop, then its own work): its `skip` marker says it is on its way, so B waits for it."""
+def test_a_rank_waiting_at_the_smaller_call_gives_way_halfway(store):
+    """Rank 0 waits at its main-only call A from before the others reach B: halfway through its wait it
+    sees them waiting at B (more ranks made it) and gives A up, so it reaches B, loop and work done, in
+    the others' time."""
     sides = ranks(store)
     waiting_at_a = threading.Event()
 
@@ -156,7 +158,7 @@ def test_a_rank_that_left_a_given_up_call_is_waited_for(store):
         done()
         for count in range(2, 6):
             sides[0].verdict(SITE_A, count, 0.5)[1]()
-        threading.Event().wait(0.3)  # test-side delay: the user's code between the two calls
+        threading.Event().wait(0.1)  # test-side delay: the user's code between the two calls
         return a, sides[0].verdict(SITE_B, 1, 0.5)[0]
 
     def other(side):
@@ -169,6 +171,8 @@ def test_a_rank_that_left_a_given_up_call_is_waited_for(store):
     out = run(calls)
     a, b = out[0][0]
     assert not a.go and b.go and all(out[r][0].go for r in (1, 2, 3)), out
+    assert a.decider == 0  # rank 0 gave its own call up
+    assert out[0][1] < 0.5 + 0.1 + 0.3  # rank 0 gave A up halfway: its two calls within one timeout and a bit
 
 
 def test_a_give_up_after_every_rank_arrived_reads_go(store):
