@@ -23,6 +23,7 @@ from ._diagnostics import warn_once
 from ._upstream import UpstreamBody
 from .config import SETTINGS, Settings
 from .gather import GATHER, GatherSession
+from .gather.records import Site
 
 
 def _emit(adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -62,6 +63,33 @@ def _in_turns(
             if turn < rank:  # our turn has not come: emit unordered rather than lose the record
                 _emit(adapter, level, msg, args, kwargs)
             return
+
+
+def _barrier_mode(
+    state: Any,
+    settings: Settings,
+    gather: GatherSession,
+    site: Site,
+    adapter: Any,
+    level: int,
+    msg: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """Barrier mode: rank 0's turn, the check-in, then the other turns -- or, the call given up, no barrier.
+
+    Rank 0's turn is first whatever the verdict: it emits before it checks in, so that a `go`, which every
+    rank reads after rank 0's check-in, also says rank 0's record is out.
+    """
+    if state.process_index == 0:
+        _emit(adapter, level, msg, args, kwargs)
+    verdict, settle = gather.check_in(state, settings, site)
+    if verdict == "skip":  # some rank will not come: nobody enters a barrier of this call
+        if state.process_index != 0:
+            _emit(adapter, level, msg, args, kwargs)
+    else:
+        _in_turns(state, adapter, level, msg, args, kwargs, first_turn=1 if verdict == "go" else 0)
+    settle()
 
 
 def make_log_wrapper(
@@ -114,17 +142,7 @@ def make_log_wrapper(
             if gather.mode(state, settings) == "gather":
                 gather.log(state, instance, level, msg, rest, kwargs, site)
                 return None
-            # Rank 0's turn is first whatever the verdict: it emits before it checks in, so that a `go`,
-            # which every rank reads after rank 0's check-in, also says rank 0's record is out.
-            if state.process_index == 0:
-                _emit(instance, level, msg, rest, kwargs)
-            verdict, settle = gather.check_in(state, settings, site)
-            if verdict == "skip":  # some rank will not come: nobody enters a barrier of this call
-                if state.process_index != 0:
-                    _emit(instance, level, msg, rest, kwargs)
-            else:
-                _in_turns(state, instance, level, msg, rest, kwargs, first_turn=1 if verdict == "go" else 0)
-            settle()
+            _barrier_mode(state, settings, gather, site, instance, level, msg, tuple(rest), kwargs)
         return None
 
     return log_in_order

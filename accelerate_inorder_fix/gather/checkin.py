@@ -57,8 +57,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from .records import Site
 
-Site = tuple[str, str, int]  # (file name, function, line) of the user's call: the same on every rank
 
 GO = b"go"
 SKIP = b"skip"
