@@ -213,9 +213,15 @@ class CheckIn:
     def _await(self, base: str, timeout: float) -> Verdict:
         """Wait for the verdict until the deadline, then give up; halfway, break a wait-for cycle."""
         start = time.time()
-        self.janitor.publish(BUSY + str(self.rank), b"%s %.3f" % (base.encode(), start + timeout))
+        marker = b"%s %.3f" % (base.encode(), start + timeout)
+        self.janitor.publish(BUSY + str(self.rank), marker)
         verdict = self._get(base + "v", start + timeout / 2)
-        if verdict is None and not self._give_way(base, timeout):
+        if verdict is not None:
+            return verdict
+        # Halfway. Our marker goes out now for certain (the janitor's may lag on a loaded machine): of two
+        # ranks waiting for each other, the second to get here then sees the first.
+        self.store.set(BUSY + str(self.rank), marker)
+        if not self._give_way(base, timeout):
             verdict = self._get(base + "v", start + timeout)
         if verdict is not None:
             return verdict
@@ -266,11 +272,13 @@ class CheckIn:
         other, the one fewer ranks have made (on a tie, the smaller key) is the mistake, and is given
         up at once, by its own waiters or by the other call's. No wait outlasts its timeout.
         """
-        waits = self._waits()
         ours = self._arrivals(base)
+        if ours is None or ours >= self.world_size:  # decided meanwhile (its `v` is on its way): read it
+            return True
+        waits = self._waits()
         for where, _ in set(waits.values()):
             theirs = self._arrivals(where) if where not in ("", base) else None
-            if ours is None or theirs is None or theirs >= self.world_size:  # not waiting there any more
+            if theirs is None or theirs >= self.world_size:  # not waiting there any more
                 continue
             if (theirs, where) > (ours, base):
                 return True

@@ -175,6 +175,20 @@ def test_a_rank_waiting_at_the_smaller_call_gives_way_halfway(store):
     assert out[0][1] < 0.5 + 0.1 + 0.3  # rank 0 gave A up halfway: its two calls within one timeout and a bit
 
 
+def test_a_call_given_up_meanwhile_gives_nothing_else_up(store):
+    """Halfway, rank 0 finds its own call A already given up (by B's waiters, `v` still on its way): it reads
+    that verdict and leaves B, the call the others wait at, alone."""
+    side = ranks(store)[0]
+    a, b = "b/a/1/", "b/b/1/"
+    store.add(a + "n", 1 + checkin.GIVE_UP)
+    store.add(b + "n", 3)
+    store.set(checkin.BUSY + "0", a.encode() + b" 9e9")
+    for q in (1, 2, 3):
+        store.set(checkin.BUSY + str(q), b.encode() + b" 9e9")
+    assert side._give_way(a, 0.5)
+    assert store.data[b + "n"] == b"3" and not store.check([b + "v"])
+
+
 def test_a_give_up_after_every_rank_arrived_reads_go(store):
     """The N-th arrival's `add` came before this give-up's: the call goes, whoever gives up after."""
     side = ranks(store)[0]
