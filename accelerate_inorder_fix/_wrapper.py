@@ -83,13 +83,12 @@ def _barrier_mode(
     """
     if state.process_index == 0:
         _emit(adapter, level, msg, args, kwargs)
-    verdict, settle = gather.check_in(state, settings, site)
+    verdict = gather.check_in(state, settings, site)
     if verdict == "skip":  # some rank will not come: nobody enters a barrier of this call
         if state.process_index != 0:
             _emit(adapter, level, msg, args, kwargs)
     else:
         _in_turns(state, adapter, level, msg, args, kwargs, first_turn=1 if verdict == "go" else 0)
-    settle()
 
 
 def make_log_wrapper(

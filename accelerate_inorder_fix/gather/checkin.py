@@ -1,72 +1,97 @@
 """Barrier mode's check-in: before any barrier, every rank agrees through the job's store whether they run.
 
-Barrier mode is N turns of `wait_for_everyone()`: a collective. A rank that does not make the call
-(`if accelerator.is_main_process:`, a skipped iteration) leaves the others in a barrier that its own
-next collective pairs with: the job hangs, or desynchronises. So each rank first checks in under the
-call's identity (its call site and the per-site count, as gather mode pairs records), and one verdict
-per call decides for every rank:
+Barrier mode is N turns of `wait_for_everyone()`, a collective. A rank that does not make the call
+(`if accelerator.is_main_process:`, a skipped iteration) would leave the others in a barrier that its
+own next collective pairs with: the job hangs, or desynchronises. So each rank first checks the call
+in, and one verdict per call decides for every rank: `go` (every rank is here: the barriers run) or
+`skip` (nobody enters a barrier of this call; each rank emits at once).
 
-- `go`: every rank checked in, so every rank will enter each barrier of the call (and the check-in
-  itself stands for the barrier after rank 0's turn: rank 0 emits before it checks in);
-- `skip`: `ACCELERATE_INORDER_TIMEOUT` passed first. Nobody enters a barrier of this call; each rank
-  that made it emits its record at once. One warning names the ranks that had not checked in.
+Two rules make it safe, whatever the schedule:
 
-The protocol, keys under `accelerate_inorder_fix/b/<site>/<count>/` (N ranks, deadline T)::
+1. **The verdict is the first value of the call's verdict key**, written with `compare_set`, so every
+   rank reads the same bytes: a rank that gives up and the last rank to arrive race, and one of them
+   wins for everybody. Anything but `go` there (a `skip`, or junk) is a skip, on every rank.
+2. **Only a rank that counted all N arrivals writes `go`.** Then every rank is in the call and will
+   read the verdict; a rank that was not here cannot be waited for in a barrier.
 
-    rank r                                          store
-    ------                                          -----
-    add n 1                 -> a                    n counts arrivals; a give-up adds GIVE_UP
-    a == N:         set v "go"  (no reply)          the verdict: every rank is here
-    a >  GIVE_UP:   get v       (at once)           the call was given up before r came
-    otherwise:      set busy/<r> "<call> <deadline>"  (in the background: where r waits, until when)
-                    get v       (until T/2, then, unless a wait-for cycle ends it, until T)
-      T passed:     add n GIVE_UP  -> g
-                    g % GIVE_UP == N: go            the N-th arrival came first: its `go` stands
-                    first to give up (g < 2 GIVE_UP): set v "skip r <missing>" (wakes the waiters)
-                    else: get v
-    follow the verdict; then, off the call path, the writer of `go` deletes n and v
+Any rank may give up at any time (rule 1 keeps that safe), so every wait is bounded: at its deadline
+a rank writes `skip` and reads what won. Keys, under `accelerate_inorder_fix/b/` (N ranks, timeout T,
+call k of a site, counted by each rank for itself)::
 
-A rank's check-in costs one round trip (`add`) and, unless it is the last to arrive, one `get`. The
-store serialises the `add`s on `n`: the call goes exactly when the N-th arrival comes before the first
-give-up, and exactly one of the two writes `v`, so every rank reads the same verdict: ranks never split.
+    rank r, call k at site S                    store
+    set  w/<r>       "S/k"                      where r is (before it counts itself: see `_missing`)
+    add  s/S/n       1          -> a            every arrival ever at S: call k's last sees a == k*N
+    a == k*N:  compare_set s/S/k "" "go"        the verdict; then delete s/S/<k-1> (everyone read it)
+    otherwise: wait s/S/k until T/2, look for a wait-for cycle (`_halfway`), wait until T,
+               then compare_set s/S/k "" "skip ..."; follow whatever the key holds
 
-Wait-for cycles. Rank 0 waits at a main-only call while the others wait for it at the next call:
-halfway through its wait, a rank looks where the missing ranks wait, and the smaller of two calls that
-wait for each other is given up at once (`CheckIn._give_way`), so the other goes, and no wait outlives
-its timeout.
+**A site that diverged stays unordered.** A `skip` retires its site on every rank that reads it: later
+calls there are logged at once, without the store. A rank that missed call k comes to the site next
+with its own count k (every earlier call there went, so it made those), finds the `skip`, and retires
+the site too: call numbers never drift apart, and the divergence costs one wait, once.
 
-Suspects. A call site that some ranks never reach (a main-only call in a loop) would cost a timeout
-per call. So the ranks a `skip` named are suspects at that site: a later call there that finds, on
-arrival, that not every rank is in gives up at once, and its `skip` wakes whoever waits. A suspect that comes to the site late appends
-to the site's `back` key; seeing it grow, the others wait there again. One timeout and one warning
-per site, not per call.
+Three shortcuts keep that one wait short:
+- a rank arriving after the `skip` reads it at once (the retired call's key is never deleted);
+- ranks a timed-out call named missing are *absent* until they check in somewhere again: a call
+  that finds one still absent gives up at once (`_absent`);
+- halfway through a wait, a rank looks where the missing ranks wait (`w/<q>`): if they wait at
+  another call that is waiting for us (a wait-for cycle: rank 0 at a main-only call, the others at
+  the next call), one of the two is given up, the call the others skipped (`_first`).
 
-Clean-up. A `go`'s keys are deleted after its barriers, when every rank has read `v`; a `skip`'s when
-the ranks follow the next verdict at that site (late ranks read them until then).
-Deletes run in a thread of their own (`Janitor`), on the process group's own store connection, so that
-no call waits for them. The store holds a few keys per call site and one `busy` key per rank.
+The store holds per site its counter and its last verdict, and one marker per rank: bounded.
+The deadline is on the monotonic clock; waits name it (`Store.wait(keys, timeout)`), so the
+connection's own timeout is never changed, and the check-in runs on whatever store it is handed.
 """
 
 from __future__ import annotations
 
-import collections
 import datetime
-import threading
+import json
 import time
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from .records import Site
 
 
 GO = b"go"
-SKIP = b"skip"
-GIVE_UP = 1 << 32  # added to a call's arrival count by a rank that gives up on it
-# + rank: "<call's key prefix> <deadline, epoch seconds>": where the rank last waited, until when. Only a
-# rank whose own wait is half over reads it (`CheckIn._give_way`).
-BUSY = "b/busy/"
+SKIP = b"skip "
+MARK = "w/"  # + rank: the call the rank checked in at last ("<site>/<k>")
 _UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
+
+Store = Any  # a c10d Store (or PrefixStore), or the explorer's in-memory one
+
+
+def site_name(site: Site) -> str:
+    """A call site's name in the store: its whole text, so two sites never share keys."""
+    filename, function, line = site
+    return f"{filename}:{line}:{function}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call: its site's name and its number there (1, 2, ...)."""
+
+    site: str
+    k: int
+
+    @property
+    def marker(self) -> bytes:
+        return f"{self.site}/{self.k}".encode()
+
+    @property
+    def counter(self) -> str:
+        return f"s/{self.site}/n"
+
+    @property
+    def key(self) -> str:
+        """Where its verdict is written."""
+        return f"s/{self.site}/{self.k}"
+
+    @classmethod
+    def parse(cls, marker: bytes) -> Optional[Call]:
+        site, _, k = marker.decode(errors="replace").rpartition("/")
+        return cls(site, int(k)) if site and k.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -75,247 +100,252 @@ class Verdict:
 
     Attributes:
         go: True: the barriers run. False: nobody enters them; each rank emits at once.
-        decider: the rank that wrote the verdict (-1: another rank, or not known here).
-        missing: the ranks that had not checked in when a `skip` was decided (empty for `go`).
+        why: for a skip, what decided it: "timeout", "absent", "cycle" (written to the store);
+            "damaged" (the key held something else), "store" (this rank's store failed), "retired"
+            (the site diverged before: no store at all).
+        decider: the rank that wrote the skip (-1: not known).
+        missing: {rank: the call it had last checked in at}, for the ranks not in the call.
+        other: for "cycle", the call the missing ranks were waiting at.
     """
 
     go: bool
+    why: str = ""
     decider: int = -1
-    missing: tuple[int, ...] = ()
+    missing: dict[int, str] = field(default_factory=dict)
+    other: str = ""
 
     def encode(self) -> bytes:
-        """`v`'s value: `go`, or `skip <decider> <missing, comma-separated>`; plain ASCII, never code."""
         if self.go:
             return GO
-        return b"%s %d %s" % (SKIP, self.decider, ",".join(map(str, self.missing)).encode())
+        fields = {"why": self.why, "by": self.decider, "missing": self.missing, "other": self.other}
+        return SKIP + json.dumps(fields, sort_keys=True).encode()
 
     @classmethod
     def decode(cls, blob: bytes) -> Verdict:
-        """The verdict in `blob`. Anything else (a foreign or damaged value) is a `skip` naming nobody:
-        unordered output, never a barrier some rank might not enter."""
+        """The verdict in `blob`; anything that is not one is a skip that names nobody ("damaged")."""
         if blob == GO:
             return cls(True)
-        word, _, rest = blob.partition(b" ")
-        decider, _, missing = rest.partition(b" ")
         try:
-            skip = cls(False, int(decider), tuple(int(q) for q in missing.split(b",") if q))
-        except ValueError:
-            return cls(False)
-        return skip if word == SKIP else cls(False)
+            fields = json.loads(blob[len(SKIP) :]) if blob.startswith(SKIP) else {}
+            missing = {int(q): str(m) for q, m in fields["missing"].items()}
+            return cls(False, str(fields["why"]), int(fields["by"]), missing, str(fields["other"]))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return cls(False, "damaged")
 
 
-def site_key(site: Site) -> str:
-    """A short name for a call site, the same on every rank."""
-    return f"{zlib.crc32(repr(site).encode()):08x}"
-
-
-class Janitor:
-    """Store writes off the call path, in order: one daemon thread, on the process group's connection.
-
-    It deletes what decided calls leave, and publishes each wait (`busy/<rank>`), which only a rank
-    that has waited a whole timeout reads: no call waits for either.
-    """
-
-    def __init__(self, store: Any, warn: Callable[[str], None]) -> None:
-        self._store = store
-        self._warn = warn
-        self._keys: collections.deque[tuple[str, Optional[bytes]]] = collections.deque()  # (key, value or delete)
-        self._changed = threading.Condition()
-        self._thread: Optional[threading.Thread] = None
-
-    def discard(self, *keys: str) -> None:
-        self._queue([(key, None) for key in keys])
-
-    def publish(self, key: str, value: bytes) -> None:
-        self._queue([(key, value)])
-
-    def _queue(self, writes: list[tuple[str, Optional[bytes]]]) -> None:
-        with self._changed:
-            self._keys.extend(writes)
-            self._changed.notify()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="accelerate-inorder-fix-checkin", daemon=True)
-                self._thread.start()
-
-    def idle(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds until every key handed over is deleted (tests, exit)."""
-        with self._changed:
-            return self._changed.wait_for(lambda: not self._keys, timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda: bool(self._keys))
-                name, value = self._keys[0]
-            try:
-                if value is None:
-                    self._store.delete_key(name)
-                else:
-                    self._store.set(name, value)
-            except (RuntimeError, OSError):  # the store is gone: there is nothing left to keep small
-                pass
-            except Exception as exc:  # not expected; the thread must outlive it, or the store would grow
-                self._warn(f"the in_order check-in could not write to the store: {exc!r}")
-            with self._changed:
-                self._keys.popleft()
-                self._changed.notify_all()
+RETIRED = Verdict(False, "retired")
 
 
 @dataclass
 class _SiteState:
-    """What one rank remembers of a call site between its calls there."""
+    """What one rank remembers of a call site: its calls there, when it last made one, whether it diverged."""
 
-    prefix: str
-    suspects: tuple[int, ...] = ()
-    back_seen: int = 0  # length of the site's `back` key when the suspicion began
-    stale: tuple[str, ...] = ()  # keys of the site's last `skip`, deleted at its next verdict
+    name: str
+    count: int = 0
+    last: int = 0  # this rank's check-in number at its last call here (the order of its sites)
+    before: int = 0  # the same, at the call before that
+    retired: bool = False
 
 
 class CheckIn:
-    """One process's side of the check-in: its connection, and what it remembers of each call site.
+    """One process's side of the check-in: its store connection, and what it remembers of each site.
 
     Args:
-        store: this process's own connection to the job's store (prefixed).
+        store: a connection to the job's store (prefixed), used for every operation.
         rank, world_size: this process's place in the job.
-        janitor: where keys to delete go (`Janitor` on the process group's connection).
+        clock: monotonic seconds (the explorer passes its own).
+        reconnect: a fresh connection, for a rank whose connection failed mid-call (None: no retry).
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int, janitor: Janitor) -> None:
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        world_size: int,
+        clock: Callable[[], float] = time.monotonic,
+        reconnect: Optional[Callable[[], Store]] = None,
+    ) -> None:
         self.store = store
         self.rank = rank
         self.world_size = world_size
-        self.janitor = janitor
+        self.clock = clock
+        self.reconnect = reconnect
         self.sites: dict[Site, _SiteState] = {}
+        self.absent: dict[int, str] = {}  # rank -> its marker when a timed-out call named it missing
+        self.calls = 0  # check-ins made by this process
 
-    def verdict(self, site: Site, count: int, timeout: float) -> tuple[Verdict, Callable[[], None]]:
-        """Check in for call `count` at `site`; the verdict, and what to call once it has been followed."""
-        known = self.sites.get(site) or self.sites.setdefault(site, _SiteState(f"b/{site_key(site)}/"))
-        base = f"{known.prefix}{count}/"
-        arrived = self.store.add(base + "n", 1)
-        if arrived == self.world_size:
-            self.store.set(base + "v", GO)
-            verdict = Verdict(True, self.rank)
-        elif arrived > GIVE_UP:  # given up before we came: the verdict is in `v`, or on its way
-            verdict = self._get(base + "v", time.time() + timeout) or Verdict(False)
-        elif known.suspects and not self._came_back(known):
-            verdict = self._give_up(base, known.suspects, timeout)
-        else:
-            verdict = self._await(base, timeout)
-        return verdict, lambda: self._settle(known, base, verdict)
-
-    def _came_back(self, known: _SiteState) -> bool:
-        """Whether a suspect has come to this site since the suspicion began (it appended to `back`)."""
-        if len(self._peek(known.prefix + "back")) <= known.back_seen:
-            return False
-        known.suspects = ()
-        return True
-
-    def _await(self, base: str, timeout: float) -> Verdict:
-        """Wait for the verdict until the deadline, then give up; halfway, break a wait-for cycle."""
-        start = time.time()
-        marker = b"%s %.3f" % (base.encode(), start + timeout)
-        self.janitor.publish(BUSY + str(self.rank), marker)
-        verdict = self._get(base + "v", start + timeout / 2)
-        if verdict is not None:
-            return verdict
-        # Halfway. Our marker goes out now for certain (the janitor's may lag on a loaded machine): of two
-        # ranks waiting for each other, the second to get here then sees the first.
-        self.store.set(BUSY + str(self.rank), marker)
-        if not self._give_way(base, timeout):
-            verdict = self._get(base + "v", start + timeout)
-        if verdict is not None:
-            return verdict
-        waits = self._waits()
-        return self._give_up(base, tuple(q for q in sorted(waits) if waits[q][0] != base and q != self.rank), timeout)
-
-    def _get(self, name: str, deadline: float) -> Optional[Verdict]:
-        """The verdict in `name` once it is there, waiting until `deadline` (epoch seconds); None if not."""
-        self.store.set_timeout(datetime.timedelta(seconds=max(deadline - time.time(), 0.001)))
+    def verdict(self, site: Site, timeout: float) -> Verdict:
+        """Check this process's next call at `site` in, and return the verdict every rank follows."""
+        state = self.sites.get(site) or self.sites.setdefault(site, _SiteState(site_name(site)))
+        if state.retired:
+            return RETIRED
+        state.count += 1
+        self.calls += 1
+        state.before, state.last = state.last, self.calls
+        call = Call(state.name, state.count)
         try:
-            return Verdict.decode(bytes(self.store.get(name)))
-        except RuntimeError:  # DistStoreError: the deadline passed
-            return None
-
-    def _give_up(self, base: str, missing: tuple[int, ...], timeout: float) -> Verdict:
-        """Add GIVE_UP to the arrivals: `go` if every rank had arrived first, else `skip`.
-
-        Only the first to give up writes the `skip` (naming the ranks that had not come), and so wakes
-        the ranks still waiting; the others read it from `v`.
-        """
-        total = self.store.add(base + "n", GIVE_UP)
-        if total % GIVE_UP == self.world_size:  # the last arrival came first: its `go` stands
-            return Verdict(True)
-        if total // GIVE_UP > 1:
-            return self._get(base + "v", time.time() + timeout) or Verdict(False)
-        verdict = Verdict(False, self.rank, missing)
-        self.store.set(base + "v", verdict.encode())
+            verdict = self._check_in(call, self.clock() + timeout, timeout)
+        except Exception:  # noqa: BLE001 -- the store failed under us: one more try, on a new connection
+            verdict = self._after_failure(call)
+        if verdict.go:
+            self.absent.clear()  # every rank was here
+        else:
+            state.retired = True
+            if verdict.why in ("timeout", "absent"):
+                self.absent.update((q, m) for q, m in verdict.missing.items() if q != self.rank)
         return verdict
 
-    def _waits(self) -> dict[int, tuple[str, float]]:
-        """{rank: (the call it last waited at, until when)} for every rank, from `busy/<rank>`."""
-        waits = {}
-        for q in range(self.world_size):
-            where, _, until = self._peek(BUSY + str(q)).partition(b" ")
+    # -- one call ---------------------------------------------------------------------------------
+
+    def _check_in(self, call: Call, deadline: float, timeout: float) -> Verdict:
+        self.store.set(MARK + str(self.rank), call.marker)
+        arrived = int(self.store.add(call.counter, 1))
+        last = call.k * self.world_size
+        if arrived == last:
+            return Verdict.decode(self._decide(call, GO))
+        if not last - self.world_size < arrived < last:  # a counter someone else wrote to
+            return Verdict.decode(self._give_up(call, "damaged", {}))
+        return Verdict.decode(self._await(call, deadline, timeout))
+
+    def _await(self, call: Call, deadline: float, timeout: float) -> bytes:
+        """Wait for the verdict: at once if absent ranks are missing, halfway if a cycle, else until T."""
+        absent = self._absent(call)
+        if absent:
+            return self._give_up(call, "absent", absent)
+        blob = self._read(call.key, deadline - timeout / 2)
+        if blob is None:
+            blob = self._halfway(call)
+        if blob is None:
+            blob = self._read(call.key, deadline)
+        if blob is None:
+            if self._count(call) == call.k * self.world_size:  # all came: the last one's `go` is on its way
+                return self._decide(call, GO)
+            return self._give_up(call, "timeout", self._missing(call))
+        return blob
+
+    def _give_up(self, call: Call, why: str, missing: dict[int, str], other: Optional[Call] = None) -> bytes:
+        """Write a skip for `call` unless a verdict is there already; the verdict that stands."""
+        skip = Verdict(False, why, self.rank, missing, other.marker.decode() if other else "")
+        return self._decide(call, skip.encode())
+
+    def _decide(self, call: Call, verdict: bytes) -> bytes:
+        """Write `verdict` for `call` unless one is there; the one that stands. Its writer deletes the
+        verdict of the call before at the site: every rank has read it (the ranks here to come here,
+        the others to pass its barriers)."""
+        blob = bytes(self.store.compare_set(call.key, "", verdict))
+        if blob == verdict and call.k > 1:
+            self.store.delete_key(Call(call.site, call.k - 1).key)
+        return blob
+
+    def _after_failure(self, call: Call) -> Verdict:
+        """The store failed mid-call: on a fresh connection, give the call up (or read the verdict that
+        stands). Without one, this rank cannot learn the verdict: it logs unordered."""
+        try:
+            if self.reconnect is None:
+                raise RuntimeError("no other connection")
+            self.store = self.reconnect()
+            blob = self._give_up(call, "store", {})
+        except Exception:  # noqa: BLE001 -- the store is gone for this rank
+            return Verdict(False, "store", self.rank)
+        return Verdict.decode(blob)
+
+    # -- what the other ranks are doing -----------------------------------------------------------
+
+    def _read(self, key: str, deadline: float) -> Optional[bytes]:
+        """The value of `key` once it is there, waiting until `deadline`; None if it did not come."""
+        remaining = deadline - self.clock()
+        if remaining > 0:
             try:
-                waits[q] = (where.decode(), float(until))
-            except ValueError:  # no wait yet, or a foreign value
-                waits[q] = ("", 0.0)
-        return waits
+                self.store.wait([key], datetime.timedelta(seconds=remaining))
+            except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
+                if _is_timeout(exc):
+                    return None
+                raise
+            return bytes(self.store.get(key))
+        blob = self._peek(key)
+        return blob or None
 
-    def _give_way(self, base: str, timeout: float) -> bool:
-        """Halfway through a wait: break a wait-for cycle. True when this call should give up now.
-
-        The hard case: rank 0 waits at a main-only call A for ranks that never make it, while they
-        wait for rank 0 at the next call B. Both waits would run their whole timeout, and B's, begun
-        a little later, would end just before rank 0, done with A, comes. So halfway through, each
-        waiting rank looks where the missing ranks wait (`busy/<q>`): of two calls that wait for each
-        other, the one fewer ranks have made (on a tie, the smaller key) is the mistake, and is given
-        up at once, by its own waiters or by the other call's. No wait outlasts its timeout.
-        """
-        ours = self._arrivals(base)
-        if ours is None or ours >= self.world_size:  # decided meanwhile (its `v` is on its way): read it
-            return True
-        waits = self._waits()
-        for where, _ in set(waits.values()):
-            theirs = self._arrivals(where) if where not in ("", base) else None
-            if theirs is None or theirs >= self.world_size:  # not waiting there any more
-                continue
-            if (theirs, where) > (ours, base):
-                return True
-            self._give_up_for(where, waits)
-        return False
-
-    def _give_up_for(self, where: str, waits: dict[int, tuple[str, float]]) -> None:
-        """Give up call `where` for the ranks waiting there (the smaller call of a wait-for cycle)."""
-        total = self.store.add(where + "n", GIVE_UP)
-        if total % GIVE_UP != self.world_size and total // GIVE_UP == 1:
-            missing = tuple(q for q in sorted(waits) if waits[q][0] != where)
-            self.store.set(where + "v", Verdict(False, self.rank, missing).encode())
-
-    def _arrivals(self, base: str) -> Optional[int]:
-        """A call's arrival count (GIVE_UP added per give-up); None when its keys are gone."""
-        blob = self._peek(base + "n")
-        return int(blob) if blob.isdigit() else None
-
-    def _peek(self, name: str) -> bytes:
-        """The value of `name`, or b"" when it has none: never waits, never creates it."""
-        blob = bytes(self.store.compare_set(name, _UNSET, _UNSET))
+    def _peek(self, key: str) -> bytes:
+        """The value of `key`, or b"" when it has none: never waits, never creates it."""
+        blob = bytes(self.store.compare_set(key, _UNSET, _UNSET))
         return b"" if blob == _UNSET else blob
 
-    def _settle(self, known: _SiteState, base: str, verdict: Verdict) -> None:
-        """After the call: the site's suspects, and this call's keys (and stale ones) to the janitor."""
-        done = list(known.stale)
-        known.stale = ()
-        if verdict.go:
-            known.suspects = ()
-            if verdict.decider == self.rank:  # the last to arrive: every rank has read `v` by now
-                done += [base + "n", base + "v"]
-        else:
-            known.stale = (base + "n", base + "v")
-            if self.rank in verdict.missing:  # we came late: the others' suspicion of us ends here
-                self.store.append(known.prefix + "back", b".")
-            elif not known.suspects and verdict.missing:
-                known.suspects = verdict.missing
-                known.back_seen = len(self._peek(known.prefix + "back"))
-        if done:
-            self.janitor.discard(*done)
+    def _count(self, call: Call) -> int:
+        blob = self._peek(call.counter)
+        return int(blob) if blob.isdigit() else -1
+
+    def _markers(self) -> dict[int, bytes]:
+        return {q: self._peek(MARK + str(q)) for q in range(self.world_size) if q != self.rank}
+
+    def _missing(self, call: Call) -> dict[int, str]:
+        """The ranks not in `call`, each with its marker. A rank writes its marker before it counts
+        itself, and stays in an undecided call: so these are exactly the ranks that have not come."""
+        return {q: m.decode(errors="replace") for q, m in self._markers().items() if m != call.marker}
+
+    def _absent(self, call: Call) -> dict[int, str]:
+        """Absent ranks that have not checked in anywhere since they were named (a changed marker ends it;
+        a rank named while it waited here, at a call that then reached us, is here)."""
+        if not self.absent:
+            return {}
+        still = {}
+        for q, named in list(self.absent.items()):
+            now = self._peek(MARK + str(q)).decode(errors="replace")
+            if now == named and now != call.marker.decode():
+                still[q] = named
+            else:
+                del self.absent[q]
+        return still
+
+    def _live(self, call: Call) -> bool:
+        """Whether `call` is undecided: no verdict, and not all its arrivals counted."""
+        count = self._count(call)
+        return 0 <= count < call.k * self.world_size and not self._peek(call.key)
+
+    def _halfway(self, call: Call) -> Optional[bytes]:
+        """Halfway: a missing rank waiting at another undecided call waits for us. Give up the call the
+        others skipped (`_first`): ours (its verdict returned) or theirs (None: we wait on)."""
+        markers = self._markers()
+        here = {self.rank} | {q for q, m in markers.items() if m == call.marker}
+        elsewhere: dict[bytes, set[int]] = {}
+        for q, m in markers.items():
+            if q not in here:
+                elsewhere.setdefault(m, set()).add(q)
+        for marker, there in sorted(elsewhere.items()):
+            other = Call.parse(marker)
+            if other is None or other.site == call.site or not self._live(other):
+                continue
+            missing = {q: m.decode(errors="replace") for q, m in markers.items() if q not in here}
+            if self._first(call, here, other, there) == call:
+                return self._give_up(call, "cycle", missing, other)
+            theirs = {q: call.marker.decode() for q in here}
+            theirs.update({q: m.decode(errors="replace") for q, m in markers.items() if q not in here | there})
+            self._give_up(other, "cycle", theirs, call)
+        return None
+
+    def _first(self, ours: Call, here: set[int], other: Call, there: set[int]) -> Call:
+        """Of two calls waiting for each other, the one to give up.
+
+        The ranks at `other` passed `ours` by, or `ours` is a call they never make: so if, in this
+        rank's last round, `ours`'s site came before `other`'s, and `other` is this rank's next call
+        there, `ours` is the one they skipped. Without that history (the first round), the call fewer
+        ranks made; on a tie, the one the lowest rank waits at (main-process-only calls are the usual
+        mistake). Ranks at `other` decide the same from their own history.
+        """
+        mine = self._state(ours.site)
+        theirs = self._state(other.site)
+        if mine is not None and theirs is not None and theirs.count == other.k - 1 and mine.before and theirs.last:
+            return ours if mine.before < theirs.last else other
+        if (len(here), min(here)) <= (len(there), min(there)):
+            return ours
+        return other
+
+    def _state(self, name: str) -> Optional[_SiteState]:
+        return next((s for s in self.sites.values() if s.name == name), None)
+
+
+def _is_timeout(exc: Exception) -> bool:
+    """A store wait that reached its deadline (torch's DistStoreError; older torch: a RuntimeError saying so)."""
+    name = type(exc).__name__
+    if name in ("DistNetworkError", "ConnectionError", "BrokenPipeError"):
+        return False
+    return name in ("DistStoreError", "StoreTimeout") or "timeout" in str(exc).lower()

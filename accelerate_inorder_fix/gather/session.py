@@ -35,7 +35,7 @@ import collections
 import logging
 import os
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from .._diagnostics import warn_once
 from ..config import Settings
@@ -49,8 +49,32 @@ def _warn(text: str) -> None:
     warn_once(("gather", text), text)
 
 
-def _nothing() -> None:
-    """What a call with no check-in keys leaves to clean up."""
+def _say_skipped(side: _checkin.CheckIn, site: Site, verdict: _checkin.Verdict, timeout: float) -> None:
+    """One line per diverged site and rank that has something to say; a retired site says nothing more."""
+    where = f"{site[0]}:{site[2]} ({site[1]})"
+    rank = side.rank
+    tail = "logged unordered, without barriers, here and at every later in_order call from this line"
+    named = ", ".join(map(str, sorted(verdict.missing)))
+    callers = [q for q in range(side.world_size) if q not in verdict.missing]
+    speaker = verdict.decider if verdict.decider in callers else (callers[:1] or [rank])[0]
+    if verdict.why in ("damaged", "store"):
+        text = f"rank {rank}: the in_order check-in at {where} could not be read from the job's store ({verdict.why}); {tail}"
+    elif rank in verdict.missing:
+        text = f"rank {rank}: the in_order call at {where} had been given up before this rank made it; {tail}"
+    elif rank != speaker or verdict.why == "retired":
+        return
+    elif verdict.why == "cycle":
+        text = (
+            f"in_order call at {where}: rank(s) {named} had not made it and were waiting at another in_order call "
+            f"({verdict.other}) for the ranks here; given up halfway through the wait so that one could go on; {tail}"
+        )
+    else:
+        text = (
+            f"in_order call at {where}: rank(s) {named} did not make it within {timeout:g} s "
+            f"(ACCELERATE_INORDER_TIMEOUT){' and had made no in_order call since they were last missed' if verdict.why == 'absent' else ''}"
+            f"; {tail}. An in_order call is collective: every rank must make it."
+        )
+    warn_once(("checkin", site), text)
 
 
 class GatherSession:
@@ -73,6 +97,7 @@ class GatherSession:
         self._counts: collections.Counter[records.Site] = collections.Counter()
         self._main_gone = False
         self._pid: Optional[int] = None  # the process that opened the store connection
+        self._settings_timeout = 30.0  # the timeout the store was opened with
 
     # -- which mode -------------------------------------------------------------------------
 
@@ -94,7 +119,8 @@ class GatherSession:
 
     def _agree(self, state: Any, settings: Settings, own: str) -> str:
         """One bounded round trip through the job's store: the main process's mode, on every rank."""
-        store, self._store_reason = transport.open_store(settings.timeout())
+        self._settings_timeout = settings.timeout()
+        store, self._store_reason = transport.open_store(self._settings_timeout)
         self._pid = os.getpid()
         if store is None:
             return own
@@ -159,55 +185,34 @@ class GatherSession:
         self._counts[site] += 1
         return int(self._counts[site])
 
-    def check_in(self, state: Any, settings: Settings, site: Site) -> tuple[str, Callable[[], None]]:
-        """Barrier mode: how this call's turns go, and what to call after them.
+    def check_in(self, state: Any, settings: Settings, site: Site) -> str:
+        """Barrier mode: how this call's turns go.
 
         `"go"`: every rank checked in (the check-in stands for the barrier after rank 0's turn);
         `"skip"`: some rank did not, nobody enters a barrier; `"plain"`: no store to check in through
         (plain barriers, as upstream). A forked process is not a rank: `"skip"`, with one line.
         """
         with self.lock:
-            count = self._count(site)
             if self._pid is not None and self._pid != os.getpid():
                 _warn("a forked process logs its in_order records at once, without barriers (it is not a rank)")
-                return "skip", _nothing
+                return "skip"
             if self._store is None:
-                return "plain", _nothing
+                return "plain"
             if self._checkin is None:
-                janitor = _checkin.Janitor(transport.process_group_store() or self._store, _warn)
-                self._checkin = _checkin.CheckIn(self._store, state.process_index, state.num_processes, janitor)
-            try:
-                verdict, settle = self._checkin.verdict(site, count, settings.timeout())
-            except Exception as exc:  # the store failed under us: the job's own collectives are broken too
-                _warn(f"the in_order check-in failed ({exc!r}); using plain barriers for this call")
-                return "plain", _nothing
+                self._checkin = _checkin.CheckIn(
+                    self._store, state.process_index, state.num_processes, reconnect=self._reconnect
+                )
+            verdict = self._checkin.verdict(site, settings.timeout())
             if not verdict.go:
-                self._say_skipped(site, count, verdict, settings.timeout())
-            return ("go" if verdict.go else "skip"), settle
+                _say_skipped(self._checkin, site, verdict, settings.timeout())
+            return "go" if verdict.go else "skip"
 
-    def _say_skipped(self, site: Site, count: int, verdict: _checkin.Verdict, timeout: float) -> None:
-        """One line for a given-up call: by the rank that gave it up, or, when that rank was not one of its
-        callers (it gave up a call that blocked its own), by the lowest rank that made it."""
-        if self._checkin is None:
-            return
-        rank = self._checkin.rank
-        where = f"{site[0]}:{site[2]} ({site[1]})"
-        callers = sorted(set(range(self._checkin.world_size)) - set(verdict.missing))
-        if verdict.decider == rank or (verdict.decider in verdict.missing and callers[:1] == [rank]):
-            ranks = ", ".join(map(str, verdict.missing)) or "?"
-            warn_once(
-                ("checkin-skip", site, verdict.missing),
-                f"in_order call at {where}: rank(s) {ranks} did not make call #{count} there in time "
-                f"(ACCELERATE_INORDER_TIMEOUT={timeout:g} s); logged unordered, without barriers. An in_order "
-                "call is collective: every rank must make it. Later calls there wait for these ranks only "
-                "once they make them again.",
-            )
-        elif rank in verdict.missing:
-            warn_once(
-                ("checkin-late", site),
-                f"rank {rank}: in_order call #{count} at {where} had been given up before this rank made it "
-                "(the other ranks logged unordered); logged unordered, without barriers",
-            )
+    def _reconnect(self) -> Any:
+        """A fresh store connection for the check-in, after its own failed (`_checkin.CheckIn.reconnect`)."""
+        store, reason = transport.open_store(self._settings_timeout)
+        if store is None:
+            raise RuntimeError(reason)
+        return store
 
     def log(
         self, state: Any, adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], site: Site

@@ -1,224 +1,166 @@
-"""Promise: barrier mode's check-in gives every rank of a call the same verdict, bounded by the timeout.
+"""Promise: barrier mode's check-in gives every rank one verdict per call, never waits past the timeout,
+and pays one wait per divergence -- over thousands of seeded schedules and in the hard cases by name.
 
-Pure logic on an in-memory store (threads stand for ranks, each with a connection of its own); the
-real proof, on real jobs and a real TCPStore, is tests/jobs/test_barrier_checkin.py.
+The real check-in and the real barrier-mode call run in `explorer.py` (ranks as threads, one at a
+time, on an in-memory store and a virtual clock). The job tests (tests/jobs/test_checkin_outcomes.py)
+prove the same outcomes on real jobs, a real TCPStore and real accelerate releases.
 """
 
-import datetime
-import threading
-import time
-
 import pytest
-from fake_store import FakeStore
+from explorer import MUTATIONS, SITES, Script, T, draw, explore, main, mutated, run
 
 from accelerate_inorder_fix.gather import checkin
 
 
-N = 4
-SITE_A = ("train.py", "log_main", 10)
-SITE_B = ("train.py", "log_all", 20)
+SCHEDULES = 2000
 
 
-class Connection:
-    """One rank's connection to the shared store: its own timeout for blocking `get`, as a TCPStore client."""
-
-    def __init__(self, store):
-        self.store = store
-        self.timeout = 5.0
-
-    def set_timeout(self, timeout):
-        self.timeout = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-
-    def get(self, key):
-        self.store.wait([key], datetime.timedelta(seconds=self.timeout))
-        return self.store.get(key)
-
-    def __getattr__(self, name):
-        return getattr(self.store, name)
+def verdicts(sim, site=None, rank=None):
+    return [
+        e
+        for e in sim.events
+        if e[0] == "verdict" and (site is None or SITES[site][0] in e[2]) and (rank is None or e[1] == rank)
+    ]
 
 
-def ranks(store, n=N):
-    warnings = []
-    return [checkin.CheckIn(Connection(store), r, n, checkin.Janitor(store, warnings.append)) for r in range(n)]
+def waited(sim, rank):
+    return sum(e[5] - e[4] for e in verdicts(sim, rank=rank))
 
 
-def run(calls):
-    """Run {rank: callable} at once, one thread each; {rank: (result, seconds)}."""
-    out = {}
-
-    def one(rank, call):
-        start = time.monotonic()
-        result = call()
-        out[rank] = (result, time.monotonic() - start)
-
-    threads = [threading.Thread(target=one, args=item) for item in calls.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
+def loop(n, steps, per_step, collective=True):
+    """Every rank: `per_step` calls (site names), then a user collective, `steps` times."""
+    actions = {r: [] for r in range(n)}
+    for step in range(steps):
+        for r in range(n):
+            actions[r] += [("call", site) for site in per_step]
+            if collective:
+                actions[r].append(("collective", step))
+    return Script(n, actions)
 
 
-def settle(results):
-    for (verdict, done), _ in results.values():
-        done()
+def drop(script, rank, step, site):
+    """Rank `rank` does not make its call at `site` in step `step` (0-based)."""
+    actions = script.actions[rank]
+    starts = [0] + [i + 1 for i, a in enumerate(actions) if a[0] == "collective"]
+    index = next(i for i in range(starts[step], len(actions)) if actions[i] == ("call", site))
+    del actions[index]
+    script.divergences += 1
+    return script
 
 
-@pytest.fixture
-def store():
-    return FakeStore()
+def test_thousands_of_seeded_schedules_keep_every_invariant():
+    failures = [(seed, problems) for seed in range(SCHEDULES) for problems in [explore(seed)[1]] if problems]
+    assert not failures, failures[:3]
 
 
-def test_every_rank_checked_in_gives_go_written_by_the_last(store):
-    sides = ranks(store)
-    out = run({r: (lambda s=s: s.verdict(SITE_A, 1, 5.0)) for r, s in enumerate(sides)})
-    verdicts = {r: v for r, ((v, _), _) in out.items()}
-    assert {v.go for v in verdicts.values()} == {True}
-    assert sum(v.decider >= 0 for v in verdicts.values()) == 1  # one writer: the last to arrive
-    assert max(seconds for _, seconds in out.values()) < 2.0
+def test_the_schedules_cover_every_kind_of_divergence():
+    notes = " ".join(note for seed in range(SCHEDULES) for note in draw(seed).notes)
+    for kind in ("skip:", "skip-step:", "late:", "junk:", "fail:", "wall:", "die:", "main-only"):
+        assert notes.count(kind) >= 20, kind
 
 
-def test_ranks_racing_to_decide_all_follow_one_verdict(store):
-    sides = ranks(store)
-    out = run({r: (lambda s=s: s.verdict(SITE_A, 1, 0.3)) for r, s in enumerate(sides[:3])})
-    verdicts = [v for (v, _), _ in out.values()]
-    assert len(set(verdicts)) == 1, verdicts  # one verdict, whoever wrote it
-    assert not verdicts[0].go and verdicts[0].missing == (3,) and verdicts[0].decider in (0, 1, 2)
-    assert max(seconds for _, seconds in out.values()) < 0.3 + 1.0  # bounded by the timeout
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_each_protocol_mutation_is_caught_by_an_invariant(mutation):
+    with mutated(mutation):
+        caught = next(
+            (seed for seed in range(1500) if explore(seed, wall_clock=mutation == "wall-clock")[1]),
+            None,
+        )
+    assert caught is not None, f"no schedule catches {mutation}"
 
 
-def test_a_late_rank_follows_the_skip_at_once(store):
-    sides = ranks(store)
-    run({r: (lambda s=s: s.verdict(SITE_A, 1, 0.2)) for r, s in enumerate(sides[:3])})
-    start = time.monotonic()
-    verdict, _ = sides[3].verdict(SITE_A, 1, 10.0)
-    assert not verdict.go and 3 in verdict.missing
-    assert time.monotonic() - start < 1.0  # read at once: it does not wait its own timeout
+def test_a_failing_seed_is_printed_with_the_command_that_replays_it(capsys):
+    assert main(["--schedules", "50", "--mutate", "set-not-compare-set"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED (replay: python tests/unit/explorer.py --seed" in out
 
 
-def test_suspects_cost_no_wait_until_they_come_back(store):
-    sides = ranks(store)
-    first, done = sides[0].verdict(SITE_A, 1, 0.2)  # a main-only call: ranks 1-3 never come
-    done()
-    assert not first.go and first.missing == (1, 2, 3)
-    start = time.monotonic()
-    for count in range(2, 12):
-        again, done = sides[0].verdict(SITE_A, count, 0.2)
-        done()
-        assert not again.go and again.missing == (1, 2, 3)
-    assert time.monotonic() - start < 0.2  # ten more calls, not one of them waited
-    # They come back at call 12 (in time or just late: rank 0 may not wait for them there), and from
-    # the call after it on the site waits for them again.
-    settle(run({r: (lambda s=s: s.verdict(SITE_A, 12, 5.0)) for r, s in enumerate(sides)}))
-    back = run({r: (lambda s=s: s.verdict(SITE_A, 13, 5.0)) for r, s in enumerate(sides)})
-    assert {v.go for (v, _), _ in back.values()} == {True}
-    settle(back)
-    assert not sides[0].sites[SITE_A].suspects
+@pytest.mark.parametrize("sites", [["A"], ["A", "B"]])
+def test_one_call_skipped_once_in_a_loop_costs_one_wait_and_names_only_that_rank(sites):
+    script = drop(loop(4, 12, sites), rank=3, step=2, site=sites[0])
+    sim, problems = run(script)
+    assert not problems
+    assert max(waited(sim, r) for r in range(4)) <= 1.5 * T
+    named = {q for e in verdicts(sim) if not e[3].go for q in e[3].missing}
+    assert named <= {3}
 
 
-def test_a_wait_for_cycle_is_broken_halfway_by_the_smaller_call(store):
-    """The others wait for rank 0 at B from before rank 0 starts waiting at a main-only call A (in a loop),
-    so their deadline comes first. Halfway through their wait they give A up for rank 0 (fewer ranks made
-    it), rank 0 comes to B, and B goes: nobody waits past the timeout."""
-    sides = ranks(store)
-    others_waiting = threading.Event()
-
-    def main_process():
-        others_waiting.wait(5.0)
-        threading.Event().wait(0.1)  # test-side delay: rank 0 reaches A after the others reached B
-        a, done = sides[0].verdict(SITE_A, 1, 0.5)
-        done()
-        for count in range(2, 6):  # the rest of the main-only loop: no waits, and A's first keys go
-            sides[0].verdict(SITE_A, count, 0.5)[1]()
-        assert sides[0].janitor.idle(5.0)
-        return a, sides[0].verdict(SITE_B, 1, 0.5)[0]
-
-    def other(side):
-        others_waiting.set()
-        return side.verdict(SITE_B, 1, 0.5)[0]
-
-    calls = {0: main_process}
-    calls.update({r: (lambda s=s: other(s)) for s, r in zip(sides[1:], (1, 2, 3))})
-    out = run(calls)
-    a, b = out[0][0]
-    assert not a.go and a.missing == (1, 2, 3) and a.decider in (1, 2, 3)  # given up by B's waiters
-    assert b.go and all(out[r][0].go for r in (1, 2, 3)), out
-    assert max(seconds for r, (_, seconds) in out.items() if r) < 0.5  # B went within the others' timeout
+def test_the_whole_step_skipped_by_one_rank_at_two_sites_costs_one_wait():
+    script = drop(drop(loop(4, 12, ["A", "B"]), 3, 2, "A"), 3, 2, "B")
+    script.divergences = 1
+    sim, problems = run(script)
+    assert not problems
+    assert max(waited(sim, r) for r in range(4)) <= 1.5 * T
+    assert {q for e in verdicts(sim) if not e[3].go for q in e[3].missing} == {3}
 
 
-def test_a_rank_waiting_at_the_smaller_call_gives_way_halfway(store):
-    """Rank 0 waits at its main-only call A from before the others reach B: halfway through its wait it
-    sees them waiting at B (more ranks made it) and gives A up, so it reaches B, loop and work done, in
-    the others' time."""
-    sides = ranks(store)
-    waiting_at_a = threading.Event()
-
-    def main_process():
-        a, done = sides[0].verdict(SITE_A, 1, 0.5)
-        done()
-        for count in range(2, 6):
-            sides[0].verdict(SITE_A, count, 0.5)[1]()
-        threading.Event().wait(0.1)  # test-side delay: the user's code between the two calls
-        return a, sides[0].verdict(SITE_B, 1, 0.5)[0]
-
-    def other(side):
-        waiting_at_a.wait(5.0)
-        return side.verdict(SITE_B, 1, 0.5)[0]
-
-    calls = {0: main_process}
-    calls.update({r: (lambda s=s: other(s)) for s, r in zip(sides[1:], (1, 2, 3))})
-    threading.Timer(0.1, waiting_at_a.set).start()  # the others reach B while rank 0 waits at A
-    out = run(calls)
-    a, b = out[0][0]
-    assert not a.go and b.go and all(out[r][0].go for r in (1, 2, 3)), out
-    assert a.decider == 0  # rank 0 gave its own call up
-    assert out[0][1] < 0.5 + 0.1 + 0.3  # rank 0 gave A up halfway: its two calls within one timeout and a bit
+def test_a_rank_late_to_the_first_call_does_not_wait_again():
+    script = loop(4, 1, ["A"] * 5, collective=False)
+    script.actions[1].insert(0, ("delay", 1.5 * T))
+    script.divergences = 1
+    sim, problems = run(script)
+    assert not problems
+    assert waited(sim, 1) <= 0.5 * T
+    assert all(waited(sim, r) <= 1.5 * T for r in (0, 2, 3))
+    assert {q for e in verdicts(sim) if not e[3].go for q in e[3].missing} == {1}
 
 
-def test_a_call_given_up_meanwhile_gives_nothing_else_up(store):
-    """Halfway, rank 0 finds its own call A already given up (by B's waiters, `v` still on its way): it reads
-    that verdict and leaves B, the call the others wait at, alone."""
-    side = ranks(store)[0]
-    a, b = "b/a/1/", "b/b/1/"
-    store.add(a + "n", 1 + checkin.GIVE_UP)
-    store.add(b + "n", 3)
-    store.set(checkin.BUSY + "0", a.encode() + b" 9e9")
-    for q in (1, 2, 3):
-        store.set(checkin.BUSY + str(q), b.encode() + b" 9e9")
-    assert side._give_way(a, 0.5)
-    assert store.data[b + "n"] == b"3" and not store.check([b + "v"])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_main_only_call_before_an_every_rank_call_gives_way_and_the_every_rank_calls_go(seed):
+    script = Script(2, {0: [("call", "M"), ("call", "A")] * 10, 1: [("call", "A")] * 10})
+    script.divergences = 1
+    sim, problems = run(script, seed)
+    assert not problems
+    assert all(e[3].go for e in verdicts(sim, "A"))
+    assert waited(sim, 0) <= 1.5 * T
+    assert {q for e in verdicts(sim) if not e[3].go for q in e[3].missing} == {1}
 
 
-def test_a_give_up_after_every_rank_arrived_reads_go(store):
-    """The N-th arrival's `add` came before this give-up's: the call goes, whoever gives up after."""
-    side = ranks(store)[0]
-    base = "b/x/1/"
-    store.add(base + "n", N)
-    assert side._give_up(base, (3,), 1.0).go
-    assert not store.check([base + "v"])  # nothing written over the last arrival's `go`
+@pytest.mark.parametrize("seed", range(20))
+def test_junk_in_any_check_in_key_gives_one_verdict_and_no_hang(seed):
+    script = loop(4, 4, ["A", "B"])
+    script.junk_after = 1 + 3 * seed
+    script.divergences = 1
+    sim, problems = run(script, seed)
+    assert not problems, problems
+    assert any(e[0] == "junk" for e in sim.events)
 
 
-def test_keys_of_decided_calls_are_removed(store):
-    sides = ranks(store)
-    for count in range(1, 41):
-        settle(run({r: (lambda s=s, c=count: s.verdict(SITE_B, c, 5.0)) for r, s in enumerate(sides)}))
-    for side in sides:
-        assert side.janitor.idle(5.0)
-    left = sorted(store.data)
-    assert all(key.startswith(checkin.BUSY) for key in left), left  # only each rank's one `busy` key
-    assert len(left) <= N
+def test_a_connection_that_fails_mid_call_reconnects_and_follows_the_one_verdict():
+    for op in range(1, 8):
+        script = loop(3, 3, ["A"])
+        script.fail_at[1] = op
+        script.divergences = 1
+        assert not run(script, op)[1], op
+
+
+def test_a_wall_clock_step_does_not_stretch_a_wait():
+    script = drop(loop(3, 3, ["A"]), 2, 1, "A")
+    for jump in (-5 * T, 5 * T):
+        script.wall_jump = jump
+        sim, problems = run(script)
+        assert not problems
+        assert max(e[5] - e[4] for e in verdicts(sim)) <= T
 
 
 @pytest.mark.parametrize(
     "verdict",
-    [checkin.Verdict(True), checkin.Verdict(False, 0, (1, 2, 3)), checkin.Verdict(False, 2, ())],
+    [
+        checkin.Verdict(True),
+        checkin.Verdict(False, "timeout", 0, {1: "train.py:3:f/2", 2: ""}),
+        checkin.Verdict(False, "cycle", 2, {0: "x.py:1:g/1"}, "y.py:2:h/1"),
+    ],
 )
 def test_verdicts_travel_as_plain_text(verdict):
     blob = verdict.encode()
     assert blob.isascii() and checkin.Verdict.decode(blob) == verdict
 
 
-@pytest.mark.parametrize("blob", [b"", b"go ", b"go 1", b"\x80\x04K\x01.", b"ok 1 2", b"skip 1 a,b"])
-def test_anything_else_in_a_verdict_key_reads_as_skip(blob):
-    """A foreign or damaged verdict never sends a rank into a barrier: it reads as `skip` naming nobody."""
-    assert checkin.Verdict.decode(blob) == checkin.Verdict(False)
+@pytest.mark.parametrize("blob", [b"", b"skip", b"skip {", b"skip []", b"\x00junk", b"GO", b'skip {"why": 1}'])
+def test_anything_else_in_a_verdict_key_reads_as_a_skip_that_names_nobody(blob):
+    assert checkin.Verdict.decode(blob) == checkin.Verdict(False, "damaged")
+
+
+def test_site_names_are_the_whole_site_so_two_sites_never_share_keys():
+    assert checkin.site_name(("a.py", "f", 12)) != checkin.site_name(("a.py", "f", 1))
+    assert checkin.site_name(("train.py", "main", 7)) == "train.py:7:main"

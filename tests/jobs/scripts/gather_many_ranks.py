@@ -55,7 +55,6 @@ def main():
         in_order_seconds += time.perf_counter() - start
         dist.barrier()  # a training step's collective: no rank runs far ahead of the main process
         if call in (16, CALLS):
-            _settle_check_in()
             dist.barrier()  # every rank has posted (and cleaned up after) this call
             if rank == 0:
                 say(f"@@KEYS after={call} keys={distributed_c10d._get_default_store().num_keys()}")
@@ -64,15 +63,6 @@ def main():
         say(f"@@MAIN ms_per_call={1e3 * in_order_seconds / CALLS:.2f}")  # for the benchmark notes only
     say(f"@@DONE r{rank}")
     dist.destroy_process_group()
-
-
-def _settle_check_in():
-    """Barrier mode: wait (bounded) until this rank's check-in deletes have run."""
-    from accelerate_inorder_fix.gather import GATHER
-
-    side = GATHER._checkin  # test-only look inside: the session's check-in, if barrier mode made one
-    if side is not None and not side.janitor.idle(10.0):
-        say(f"@@JANITOR busy r{side.rank}")
 
 
 if __name__ == "__main__":

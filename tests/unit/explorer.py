@@ -1,0 +1,601 @@
+"""A seeded schedule explorer for barrier mode's check-in: the real code, every interleaving a seed picks.
+
+Each rank is a thread running the product's own barrier-mode call (`_wrapper._barrier_mode`, which
+checks in through `checkin.CheckIn` and then takes its turns) over an in-memory store. Only one rank
+runs at a time: every store operation, delay and collective stops the rank and hands control to the
+scheduler, which picks the next operation to run at random (from the seed) among those that can run.
+Time is virtual: it moves only when nothing can run, to the next deadline or wake-up. So a schedule
+is a pure function of its seed, and a failing seed replays exactly:
+
+    python tests/unit/explorer.py --seed 1234 -v         # one schedule, its script and events
+    python tests/unit/explorer.py --schedules 100000     # the long run (docs/barrier-mode.md)
+
+The seed draws a script per rank (2-4 ranks, 1-2 sites, steps with a user collective or not) and
+the divergences: a rank that skips a call, comes late, makes a main-only call, dies mid-call; junk
+written to a check-in key; a connection that fails once; the wall clock stepped (the check-in must
+not read it). After each schedule `check` holds the invariants:
+
+- every rank that checked in at a call read the same verdict, and the collectives paired (no rank in
+  a barrier while another is in another collective);
+- no check-in waited longer than T;
+- the waiting a rank does in check-ins is at most 1.5 T per divergence (plus the delays it waited for);
+- every enabled record was emitted exactly once, and a `go` call's records in rank order;
+- a skip names only ranks that had not checked in at that call when it was written;
+- the store holds at most 2 keys per site and one per rank;
+- nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from accelerate_inorder_fix import _wrapper  # noqa: E402
+from accelerate_inorder_fix.gather import checkin  # noqa: E402
+
+
+T = 10.0  # the timeout, in virtual seconds
+SITES = {name: (f"train_{name}.py", "step", 10 + i) for i, name in enumerate("ABM")}
+
+
+class Killed(BaseException):
+    """A rank's process dies (not an Exception: nothing in the product may catch it)."""
+
+
+class StoreTimeout(RuntimeError):
+    """What a wait raises at its deadline, as torch's DistStoreError."""
+
+
+@dataclass
+class Request:
+    rank: int
+    kind: str  # "op", "delay", "collective", "resume"
+    name: str = ""
+    args: tuple[Any, ...] = ()
+    until: float = 0.0
+    done: bool = False
+    result: Any = None
+    error: Optional[BaseException] = None
+
+
+@dataclass
+class Script:
+    """What each rank does, and the faults of the schedule."""
+
+    n: int
+    actions: dict[int, list[tuple[Any, ...]]]
+    divergences: int = 0
+    disabled: set[tuple[int, int]] = field(default_factory=set)  # (rank, call number): records not enabled
+    die_at: dict[int, int] = field(default_factory=dict)  # rank -> the store op it dies at
+    fail_at: dict[int, int] = field(default_factory=dict)  # rank -> the store op whose connection fails
+    junk_after: Optional[int] = None  # junk goes into a check-in key after this many store operations
+    wall_jump: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+class Sim:
+    """The scheduler, the virtual clock and the store of one schedule."""
+
+    def __init__(self, seed: int, script: Script, wall_clock: bool = False) -> None:
+        self.rng = random.Random(seed * 7919 + 1)
+        self.script = script
+        self.now = 0.0
+        self.data: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+        self.pending: dict[int, Request] = {}
+        self.running: Optional[int] = None
+        self.ended: set[int] = set()
+        self.dead: set[int] = set()
+        self.ops = dict.fromkeys(range(script.n), 0)
+        self.events: list[tuple[Any, ...]] = []
+        self.violations: list[str] = []
+        self.wall_clock = wall_clock  # mutation: the check-in reads a wall clock that can step
+        self.over = False  # the schedule was stopped: every blocked rank unwinds
+        self.tick = 0  # store operations run so far
+        self.marked: dict[tuple[int, bytes], int] = {}  # (rank, marker) -> tick it was set
+        self.looking: dict[int, int] = {}  # rank -> tick of its first marker read in a row of them
+        self.junked: set[int] = set()  # ranks whose marker was overwritten with junk
+
+    # -- what a rank thread calls -----------------------------------------------------------------
+
+    def clock(self) -> float:
+        if self.wall_clock and self.now >= 0.5 * T:
+            return self.now + self.script.wall_jump
+        return self.now
+
+    def block(self, request: Request) -> Any:
+        with self.cond:
+            self.pending[request.rank] = request
+            self.running = None
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: request.done and (self.running == request.rank or self.over))
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def finish(self, rank: int, died: bool) -> None:
+        with self.cond:
+            self.ended.add(rank)
+            if died:
+                self.dead.add(rank)
+            self.running = None
+            self.cond.notify_all()
+
+    # -- the scheduler ----------------------------------------------------------------------------
+
+    def run(self, targets: dict[int, Any], limit: float = 40 * T) -> None:
+        threads = [threading.Thread(target=targets[r], daemon=True) for r in targets]
+        with self.cond:
+            self.running = -1  # nobody is scheduled until every thread has blocked once
+        for t in threads:
+            t.start()
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.pending) + len(self.ended) == self.script.n)
+            self.running = None
+            while len(self.ended) < self.script.n:
+                self.cond.wait_for(lambda: self.running is None)
+                if len(self.ended) == self.script.n:
+                    break
+                if not self._step():
+                    if not self._advance(limit):
+                        self._stuck()
+                        break
+        for t in threads:
+            t.join(0.5)
+
+    def _stuck(self) -> None:
+        waiting = {r: (q.kind, q.name) for r, q in self.pending.items()}
+        if self.dead and all(q.kind == "collective" for q in self.pending.values()):
+            self.events.append(("killed by the launcher", waiting))  # a collective waits for a dead rank
+        else:
+            self.violations.append(f"hang at t={self.now:g}: {waiting}")
+        for q in self.pending.values():
+            q.error, q.done = Killed(), True
+        self.pending.clear()
+        self.over = True
+        self.cond.notify_all()
+
+    def _runnable(self, q: Request) -> bool:
+        if q.kind == "op" and q.name == "wait":
+            return all(k in self.data for k in q.args[0]) or self.now >= q.until
+        if q.kind == "delay":
+            return self.now >= q.until
+        if q.kind == "collective":
+            return all(r in self.pending and self.pending[r].kind == "collective" for r in self._alive())
+        return True
+
+    def _alive(self) -> list[int]:
+        return [r for r in range(self.script.n) if r not in self.ended]
+
+    def _step(self) -> bool:
+        self._maybe_junk()
+        ready = [q for q in self.pending.values() if self._runnable(q)]
+        if not ready:
+            return False
+        q = self.rng.choice(sorted(ready, key=lambda q: q.rank))
+        if q.kind == "collective":
+            self._pair([self.pending[r] for r in self._alive()])
+            return True
+        del self.pending[q.rank]
+        if q.kind == "op":
+            self._operate(q)
+        q.done = True
+        self.running = q.rank
+        self.cond.notify_all()
+        return True
+
+    def _pair(self, group: list[Request]) -> None:
+        tags = {q.name for q in group}
+        if len(tags) > 1:
+            self.violations.append(f"collectives paired across calls at t={self.now:g}: {sorted(tags)}")
+        for q in group:
+            q.kind = "resume"  # each resumes in its own turn, one at a time
+
+    def _advance(self, limit: float) -> bool:
+        times = [q.until for q in self.pending.values() if q.kind == "delay" or (q.kind == "op" and q.name == "wait")]
+        future = [t for t in times if t > self.now]
+        if not future or min(future) > limit:
+            return False
+        self.now = min(future)
+        return True
+
+    def _maybe_junk(self) -> None:
+        if self.script.junk_after is None or self.tick < self.script.junk_after:
+            return
+        # A counter, a marker, or the verdict key of a call being waited at, before its verdict: a verdict
+        # that stands was read by some ranks already, and bytes changed under them cannot be taken back.
+        keys = sorted(k for k in self.data if k.startswith("w/") or k.endswith("/n"))
+        keys += sorted({k for q in self.pending.values() if q.name == "wait" for k in q.args[0] if k not in self.data})
+        if keys:
+            key = self.rng.choice(keys)
+            self.data[key] = b"\x00junk"
+            if key.startswith("w/"):
+                self.junked.add(int(key[2:]))
+            self.events.append(("junk", key, self.now))
+            self.script.junk_after = None
+
+    # -- the store --------------------------------------------------------------------------------
+
+    def _operate(self, q: Request) -> None:
+        r = q.rank
+        self.ops[r] += 1
+        if self.script.die_at.get(r) == self.ops[r]:
+            q.error = Killed()
+            return
+        if self.script.fail_at.get(r) == self.ops[r]:
+            q.error = ConnectionError("connection closed")
+            return
+        self.tick += 1
+        self._note_markers(q)
+        try:
+            q.result = getattr(self, "_" + q.name)(*q.args)
+        except (StoreTimeout, ConnectionError) as exc:
+            q.error = exc
+        if q.name == "compare_set" and q.args[0].startswith("s/") and q.args[2].startswith(checkin.SKIP):
+            if q.result == q.args[2]:  # a skip written: who was counted at that call then
+                self._written_skip(q.args[0], q.result)
+
+    def _note_markers(self, q: Request) -> None:
+        """Who set which marker when, and when each rank began reading the others' (its snapshot)."""
+        key = q.args[0] if q.args else ""
+        if q.name == "set" and key.startswith("w/"):
+            self.marked.setdefault((q.rank, q.args[1]), self.tick)
+        if q.name != "compare_set":  # a give-up reads (compare_set) markers and counters, then writes
+            self.looking.pop(q.rank, None)
+        elif key.startswith("w/") and q.rank not in self.looking:
+            self.looking[q.rank] = self.tick
+
+    def _written_skip(self, key: str, blob: bytes) -> None:
+        """A skip may name only ranks that had not checked in at its call when its writer began to look."""
+        marker = key[2:].encode()
+        verdict = checkin.Verdict.decode(blob)
+        began = self.looking.get(verdict.decider, self.tick)
+        wrong = {q for q in verdict.missing if self.marked.get((q, marker), self.tick + 1) < began}
+        wrong -= self.junked | self.dead  # a damaged marker says nothing of where its rank is; the dead did miss it
+        if wrong:
+            self.violations.append(f"skip at {key} names rank(s) {sorted(wrong)}, which had checked in there")
+
+    def _set(self, key: str, value: bytes) -> None:
+        self.data[key] = value
+
+    def _add(self, key: str, amount: int) -> int:
+        old = self.data.get(key, b"0")
+        if not old.isdigit():
+            raise ConnectionError("the store closed the connection (add on a value that is no number)")
+        self.data[key] = str(int(old) + amount).encode()
+        return int(self.data[key])
+
+    def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        current = self.data.get(key)
+        if current == expected or (current is None and expected == b""):
+            self.data[key] = desired
+            return desired
+        return expected if current is None else current
+
+    def _wait(self, keys: list[str]) -> None:
+        if not all(k in self.data for k in keys):
+            raise StoreTimeout("wait timeout")
+
+    def _get(self, key: str) -> bytes:
+        if key not in self.data:
+            raise StoreTimeout("get timeout")  # the product calls get only after a wait succeeded
+        return self.data[key]
+
+    def _delete_key(self, key: str) -> bool:
+        return self.data.pop(key, None) is not None
+
+
+class Connection:
+    """One rank's store connection: each call stops the rank until the scheduler runs it."""
+
+    def __init__(self, sim: Sim, rank: int) -> None:
+        self.sim, self.rank = sim, rank
+
+    def _op(self, name: str, *args: Any, until: float = 0.0) -> Any:
+        return self.sim.block(Request(self.rank, "op", name, args, until=until))
+
+    def set(self, key: str, value: Any) -> None:
+        self._op("set", key, _b(value))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._op("add", key, amount))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return bytes(self._op("compare_set", key, _b(expected), _b(desired)))
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
+        self._op("wait", list(keys), until=self.sim.now + timeout.total_seconds())
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._op("get", key))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._op("delete_key", key))
+
+
+def _b(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+# -- one rank's program ------------------------------------------------------------------------------
+
+
+class Rank:
+    """A rank: the product's barrier-mode call, with fakes for accelerate's state and the logger."""
+
+    def __init__(self, sim: Sim, rank: int) -> None:
+        self.sim, self.rank, self.n = sim, rank, sim.script.n
+        self.side = checkin.CheckIn(Connection(sim, rank), rank, self.n, clock=sim.clock, reconnect=self._reconnect)
+        self.process_index, self.num_processes = rank, self.n
+        self.logger = self
+        self.calls = 0
+        self.call_tag = ""
+
+    def _reconnect(self) -> Connection:
+        return Connection(self.sim, self.rank)
+
+    # accelerate's PartialState, the adapter, its logger, and the session -- as `_barrier_mode` uses them
+    def wait_for_everyone(self) -> None:
+        self.sim.block(Request(self.rank, "collective", "turn " + self.call_tag))
+
+    def isEnabledFor(self, level: int) -> bool:
+        return (self.rank, self.calls) not in self.sim.script.disabled
+
+    def process(self, msg: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        return msg, kwargs
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        self.sim.events.append(("emit", self.rank, msg, self.sim.now))
+
+    def check_in(self, state: Any, settings: Any, site: Any) -> str:
+        start = self.sim.now
+        verdict = self.side.verdict(site, T)
+        state_k = self.side.sites[site].count
+        self.call_tag = f"{checkin.site_name(site)}/{state_k}"
+        self.sim.events.append(("verdict", self.rank, self.call_tag, verdict, start, self.sim.now, self.calls))
+        return "go" if verdict.go else "skip"
+
+    def main(self) -> None:
+        died = False
+        try:
+            self.sim.block(Request(self.rank, "resume"))
+            for action in self.sim.script.actions[self.rank]:
+                if action[0] == "call":
+                    self.calls += 1
+                    msg = (self.rank, self.calls, action[1])
+                    _wrapper._barrier_mode(self, None, self, SITES[action[1]], self, 20, msg, (), {})  # type: ignore[arg-type]
+                elif action[0] == "delay":
+                    self.sim.block(Request(self.rank, "delay", until=self.sim.now + action[1]))
+                else:
+                    self.sim.block(Request(self.rank, "collective", f"user {action[1]}"))
+        except Killed:
+            died = True
+        except Exception as exc:  # noqa: BLE001 -- an exception into user code is itself a violation
+            self.sim.violations.append(f"rank {self.rank} raised {exc!r}")
+        finally:
+            self.sim.finish(self.rank, died)
+
+
+# -- schedules ---------------------------------------------------------------------------------------
+
+
+def draw(seed: int) -> Script:
+    """The script of schedule `seed`: ranks, sites, steps, and at most two divergences."""
+    rng = random.Random(seed)
+    n = rng.choice([2, 2, 3, 4])
+    sites = ["A", "B"][: rng.choice([1, 2])]
+    steps = rng.randint(2, 5)
+    collectives = rng.random() < 0.6
+    script = Script(n, {r: [] for r in range(n)})
+    main_only = rng.random() < 0.15
+    for step in range(steps):
+        for r in range(n):
+            if main_only and r == 0:
+                script.actions[r].append(("call", "M"))
+            for name in sites:
+                if rng.random() < 0.3:
+                    script.actions[r].append(("delay", round(rng.uniform(0, 0.2 * T), 3)))
+                script.actions[r].append(("call", name))
+            if collectives:
+                script.actions[r].append(("collective", step))
+    if main_only:
+        script.divergences += 1
+        script.notes.append("rank 0 makes a main-only call M each step")
+    for _ in range(rng.choice([0, 1, 1, 1, 2])):
+        _diverge(rng, script, collectives)
+    for r in range(n):
+        for call in range(1, 1 + sum(a[0] == "call" for a in script.actions[r])):
+            if rng.random() < 0.1:
+                script.disabled.add((r, call))
+    return script
+
+
+def _diverge(rng: random.Random, script: Script, collectives: bool) -> None:
+    kinds = ["skip", "skip-step", "late", "junk", "fail", "wall"] + ([] if collectives else ["die", "die"])
+    kind = rng.choice(kinds)
+    r = rng.randrange(script.n)
+    calls = [i for i, a in enumerate(script.actions[r]) if a[0] == "call"]
+    if not calls:
+        return
+    at = rng.choice(calls)
+    script.divergences += 1
+    if kind == "skip":
+        del script.actions[r][at]
+    elif kind == "skip-step":  # every call of one step (up to its collective, or the end)
+        end = next((i for i in range(at, len(script.actions[r])) if script.actions[r][i][0] == "collective"), None)
+        start = max((i + 1 for i in range(at) if script.actions[r][i][0] == "collective"), default=0)
+        script.actions[r][start:end] = [a for a in script.actions[r][start:end] if a[0] != "call"]
+    elif kind == "late":
+        script.actions[r].insert(at, ("delay", round(rng.uniform(0.3, 2.0) * T, 3)))
+    elif kind == "junk":
+        script.junk_after = rng.randint(1, 80)
+    elif kind == "fail":
+        script.fail_at[r] = rng.randint(1, 12)
+    elif kind == "wall":
+        script.wall_jump = rng.choice([-5, 5]) * T
+        script.divergences -= 1  # not a divergence: the check-in must not notice
+    else:
+        script.die_at[r] = rng.randint(1, 12)
+    script.notes.append(f"{kind}: rank {r}, action {at}")
+
+
+# -- the invariants ----------------------------------------------------------------------------------
+
+
+def check(sim: Sim) -> list[str]:
+    """Every invariant of the module docstring, on one finished schedule; the violations found."""
+    script, problems = sim.script, list(sim.violations)
+    verdicts = [e for e in sim.events if e[0] == "verdict"]
+    seen: dict[str, bytes] = {}
+    for _, rank, tag, verdict, start, end, _call in verdicts:
+        if end - start > T + 1e-9:
+            problems.append(f"rank {rank} waited {end - start:g} > T at {tag}")
+        if verdict.why not in ("retired", "store"):
+            blob = b"go" if verdict.go else b"skip"
+            if seen.setdefault(tag, blob) != blob:
+                problems.append(f"ranks read different verdicts at {tag}")
+    delays = {r: sum(a[1] for a in script.actions[r] if a[0] == "delay") for r in range(script.n)}
+    budget = 1.5 * T * script.divergences + sum(delays.values()) + (T if script.die_at else 0.0)
+    for r in range(script.n):
+        waited = sum(e[5] - e[4] for e in verdicts if e[1] == r)
+        if waited > budget + 1e-9:
+            problems.append(
+                f"rank {r} waited {waited:g} in check-ins, over {budget:g} for {script.divergences} divergence(s)"
+            )
+    problems += _records(sim)
+    if script.notes == ["rank 0 makes a main-only call M each step"]:  # the every-rank calls must all go
+        problems += [
+            f"every rank made {e[2]}, yet it was skipped" for e in verdicts if "M.py" not in e[2] and not e[3].go
+        ]
+    bound = 2 * len(SITES) + script.n + bool(any(e[0] == "junk" for e in sim.events))  # + a junk verdict
+    if len(sim.data) > bound:
+        problems.append(f"{len(sim.data)} keys left in the store (bound {bound}): {sorted(sim.data)}")
+    return problems
+
+
+def _records(sim: Sim) -> list[str]:
+    """Exactly once per enabled record of every rank that lived; a `go` call's records in rank order."""
+    script, problems = sim.script, []
+    emitted = [e[2] for e in sim.events if e[0] == "emit"]
+    for r in range(script.n):
+        if r in sim.dead or any(e[0] == "killed by the launcher" for e in sim.events):
+            continue
+        made = sum(a[0] == "call" for a in script.actions[r])
+        for call in range(1, made + 1):
+            count = sum(1 for m in emitted if m[:2] == (r, call))
+            want = 0 if (r, call) in script.disabled else 1
+            if count != want:
+                problems.append(f"rank {r}'s record of its call {call} emitted {count} times")
+    for tag in {e[2] for e in sim.events if e[0] == "verdict" and e[3].go}:
+        members = {(e[1], e[6]) for e in sim.events if e[0] == "verdict" and e[2] == tag}
+        order = [m[0] for m in emitted if (m[0], m[1]) in members]
+        if order != sorted(order):
+            problems.append(f"call {tag} went, but its records came out in the order {order}")
+    return problems
+
+
+# -- mutations: the protocol broken on purpose; each must be caught by some invariant ------------------
+
+
+def _set_not_compare_set(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
+    self.store.set(call.key, verdict)  # the last writer wins: ranks that read before it may disagree
+    return verdict
+
+
+def _no_halfway(self: checkin.CheckIn, call: checkin.Call) -> None:
+    return None
+
+
+def _no_absent(self: checkin.CheckIn, call: checkin.Call) -> dict[int, str]:
+    return {}
+
+
+def _tie_to_the_highest(
+    self: checkin.CheckIn, ours: checkin.Call, here: set[int], other: checkin.Call, there: set[int]
+) -> checkin.Call:
+    return ours if (len(here), -max(here)) <= (len(there), -max(there)) else other
+
+
+def _delete_own_verdict(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
+    blob = bytes(self.store.compare_set(call.key, "", verdict))
+    self.store.delete_key(call.key)  # too early: a late rank re-creates the call and waits a whole timeout
+    return blob
+
+
+MUTATIONS: dict[str, tuple[str, Any]] = {
+    "set-not-compare-set": ("_decide", _set_not_compare_set),
+    "no-halfway": ("_halfway", _no_halfway),
+    "no-absent": ("_absent", _no_absent),
+    "tie-to-the-highest-rank": ("_first", _tie_to_the_highest),
+    "delete-own-verdict": ("_decide", _delete_own_verdict),
+    "no-retire": ("RETIRE", None),
+    "wall-clock": ("WALL", None),
+}
+
+
+def mutated(name: str) -> Any:
+    """A context in which `checkin.CheckIn` carries mutation `name`."""
+    import contextlib
+    from unittest import mock
+
+    attribute, replacement = MUTATIONS[name]
+    if attribute == "RETIRE":
+        return mock.patch.object(checkin._SiteState, "retired", property(lambda self: False, lambda self, v: None))
+    if attribute == "WALL":
+        return contextlib.nullcontext()
+    return mock.patch.object(checkin.CheckIn, attribute, replacement)
+
+
+def explore(seed: int, wall_clock: bool = False) -> tuple[Sim, list[str]]:
+    return run(draw(seed), seed, wall_clock)
+
+
+def run(script: Script, seed: int = 0, wall_clock: bool = False) -> tuple[Sim, list[str]]:
+    """Run `script` on the schedule `seed` picks; the finished simulation and its invariant violations."""
+    sim = Sim(seed, script, wall_clock)
+    ranks = {r: Rank(sim, r) for r in range(script.n)}
+    sim.run({r: ranks[r].main for r in ranks})
+    return sim, check(sim)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, help="replay one schedule")
+    parser.add_argument("--schedules", type=int, default=2000)
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--mutate", choices=sorted(MUTATIONS), help="break the protocol on purpose")
+    args = parser.parse_args(argv)
+    seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.schedules)
+    start, failed = time.monotonic(), 0
+    for seed in seeds:
+        if args.mutate:
+            with mutated(args.mutate):
+                sim, problems = explore(seed, wall_clock=args.mutate == "wall-clock")
+        else:
+            sim, problems = explore(seed)
+        if args.verbose:
+            print(f"seed {seed}: n={sim.script.n} {sim.script.notes}")
+            for r, actions in sim.script.actions.items():
+                print(f"  rank {r}: {actions}")
+            for event in sim.events:
+                print("  ", event)
+        if problems:
+            failed += 1
+            print(f"seed {seed} FAILED (replay: python tests/unit/explorer.py --seed {seed} -v): {problems}")
+    print(f"{len(seeds)} schedules, {failed} failed, {time.monotonic() - start:.1f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
