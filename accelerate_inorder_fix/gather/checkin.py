@@ -32,8 +32,9 @@ the site too: call numbers never drift apart, and the divergence costs one wait,
 
 Three shortcuts keep that one wait short:
 - a rank arriving after the `skip` reads it at once (the retired call's key is never deleted);
-- ranks a timed-out call named missing are *absent* until they check in somewhere again: a call
-  that finds one still absent gives up at once (`_absent`);
+- ranks a timed-out call named missing are *absent* until they check in somewhere again: calls
+  that find one still absent wait for it half a timeout in all, then give up at once (`_absent`):
+  a rank that skipped a whole step, or died, costs 1.5 T, and one a little late is still waited for;
 - halfway through a wait, a rank looks where the missing ranks wait (`w/<q>`): if they wait at
   another call that is waiting for us (a wait-for cycle: rank 0 at a main-only call, the others at
   the next call), one of the two is given up, the call the others skipped (`_first`).
@@ -56,7 +57,7 @@ from .records import Site
 
 GO = b"go"
 SKIP = b"skip "
-MARK = "w/"  # + rank: the call the rank checked in at last ("<site>/<k>")
+MARK = "b/w/"  # + rank: the call the rank checked in at last ("<site>/<k>")
 _UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
 Store = Any  # a c10d Store (or PrefixStore), or the explorer's in-memory one
@@ -81,12 +82,12 @@ class Call:
 
     @property
     def counter(self) -> str:
-        return f"s/{self.site}/n"
+        return f"b/s/{self.site}/n"
 
     @property
     def key(self) -> str:
         """Where its verdict is written."""
-        return f"s/{self.site}/{self.k}"
+        return f"b/s/{self.site}/{self.k}"
 
     @classmethod
     def parse(cls, marker: bytes) -> Optional[Call]:
@@ -172,6 +173,7 @@ class CheckIn:
         self.reconnect = reconnect
         self.sites: dict[Site, _SiteState] = {}
         self.absent: dict[int, str] = {}  # rank -> its marker when a timed-out call named it missing
+        self.patience = 0.0  # seconds the calls may still wait for absent ranks, in all
         self.calls = 0  # check-ins made by this process
 
     def verdict(self, site: Site, timeout: float) -> Verdict:
@@ -191,6 +193,8 @@ class CheckIn:
             self.absent.clear()  # every rank was here
         else:
             state.retired = True
+            if verdict.why == "timeout":
+                self.patience = timeout / 2
             if verdict.why in ("timeout", "absent"):
                 self.absent.update((q, m) for q, m in verdict.missing.items() if q != self.rank)
         return verdict
@@ -208,9 +212,14 @@ class CheckIn:
         return Verdict.decode(self._await(call, deadline, timeout))
 
     def _await(self, call: Call, deadline: float, timeout: float) -> bytes:
-        """Wait for the verdict: at once if absent ranks are missing, halfway if a cycle, else until T."""
-        absent = self._absent(call)
-        if absent:
+        """Wait for the verdict until T (halfway, look for a wait-for cycle); for absent ranks, less."""
+        if self._absent(call):
+            start = self.clock()
+            blob = self._read(call.key, min(deadline, start + self.patience))
+            self.patience = max(0.0, self.patience - (self.clock() - start))
+            absent = self._absent(call)
+            if blob is not None or not absent:
+                return blob if blob is not None else self._await(call, deadline, timeout)
             return self._give_up(call, "absent", absent)
         blob = self._read(call.key, deadline - timeout / 2)
         if blob is None:
@@ -252,21 +261,29 @@ class CheckIn:
     # -- what the other ranks are doing -----------------------------------------------------------
 
     def _read(self, key: str, deadline: float) -> Optional[bytes]:
-        """The value of `key` once it is there, waiting until `deadline`; None if it did not come."""
-        remaining = deadline - self.clock()
-        if remaining > 0:
-            try:
-                self.store.wait([key], datetime.timedelta(seconds=remaining))
-            except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
-                if _is_timeout(exc):
-                    return None
-                raise
-            return bytes(self.store.get(key))
-        blob = self._peek(key)
-        return blob or None
+        """The value of `key` once it is there, waiting until `deadline`; None if it did not come.
+
+        A TCPStore wakes a key's waiters whenever anyone `compare_set`s it, there or not, and its `get`
+        of a missing key answers b"". So a wait that returns proves nothing: `check` says whether the key
+        is there (waking nobody), and a rank waits again while it is not.
+        """
+        while True:
+            remaining = deadline - self.clock()
+            if remaining > 0:
+                try:
+                    self.store.wait([key], datetime.timedelta(seconds=remaining))
+                except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
+                    if not _is_timeout(exc):
+                        raise
+                    remaining = 0
+            if self.store.check([key]):
+                return bytes(self.store.get(key))
+            if remaining <= 0:
+                return None
 
     def _peek(self, key: str) -> bytes:
-        """The value of `key`, or b"" when it has none: never waits, never creates it."""
+        """The value of `key`, or b"" when it has none: never waits, never creates it (but wakes its
+        waiters: only for keys nobody waits on, the counters and markers)."""
         blob = bytes(self.store.compare_set(key, _UNSET, _UNSET))
         return b"" if blob == _UNSET else blob
 
@@ -299,12 +316,14 @@ class CheckIn:
     def _live(self, call: Call) -> bool:
         """Whether `call` is undecided: no verdict, and not all its arrivals counted."""
         count = self._count(call)
-        return 0 <= count < call.k * self.world_size and not self._peek(call.key)
+        return 0 <= count < call.k * self.world_size and not self.store.check([call.key])
 
     def _halfway(self, call: Call) -> Optional[bytes]:
         """Halfway: a missing rank waiting at another undecided call waits for us. Give up the call the
         others skipped (`_first`): ours (its verdict returned) or theirs (None: we wait on)."""
         markers = self._markers()
+        if self.store.check([call.key]):  # decided meanwhile: read it, give nothing else up
+            return None
         here = {self.rank} | {q for q, m in markers.items() if m == call.marker}
         elsewhere: dict[bytes, set[int]] = {}
         for q, m in markers.items():

@@ -57,8 +57,10 @@ def _say_skipped(side: _checkin.CheckIn, site: Site, verdict: _checkin.Verdict, 
     named = ", ".join(map(str, sorted(verdict.missing)))
     callers = [q for q in range(side.world_size) if q not in verdict.missing]
     speaker = verdict.decider if verdict.decider in callers else (callers[:1] or [rank])[0]
-    if verdict.why in ("damaged", "store"):
-        text = f"rank {rank}: the in_order check-in at {where} could not be read from the job's store ({verdict.why}); {tail}"
+    if verdict.why == "damaged":
+        text = f"rank {rank}: the in_order check-in at {where} found something else in the job's store; {tail}"
+    elif verdict.why == "store":
+        text = f"rank {rank}: the in_order check-in at {where} lost rank {verdict.decider}'s store connection; {tail}"
     elif rank in verdict.missing:
         text = f"rank {rank}: the in_order call at {where} had been given up before this rank made it; {tail}"
     elif rank != speaker or verdict.why == "retired":

@@ -64,6 +64,7 @@ class Request:
     args: tuple[Any, ...] = ()
     until: float = 0.0
     done: bool = False
+    woken: bool = False  # a wait woken by a compare_set on a key that is not there (TCPStore does that)
     result: Any = None
     error: Optional[BaseException] = None
 
@@ -167,7 +168,7 @@ class Sim:
 
     def _runnable(self, q: Request) -> bool:
         if q.kind == "op" and q.name == "wait":
-            return all(k in self.data for k in q.args[0]) or self.now >= q.until
+            return q.woken or all(k in self.data for k in q.args[0]) or self.now >= q.until
         if q.kind == "delay":
             return self.now >= q.until
         if q.kind == "collective":
@@ -214,13 +215,13 @@ class Sim:
             return
         # A counter, a marker, or the verdict key of a call being waited at, before its verdict: a verdict
         # that stands was read by some ranks already, and bytes changed under them cannot be taken back.
-        keys = sorted(k for k in self.data if k.startswith("w/") or k.endswith("/n"))
+        keys = sorted(k for k in self.data if k.startswith(checkin.MARK) or k.endswith("/n"))
         keys += sorted({k for q in self.pending.values() if q.name == "wait" for k in q.args[0] if k not in self.data})
         if keys:
             key = self.rng.choice(keys)
             self.data[key] = b"\x00junk"
-            if key.startswith("w/"):
-                self.junked.add(int(key[2:]))
+            if key.startswith(checkin.MARK):
+                self.junked.add(int(key[len(checkin.MARK) :]))
             self.events.append(("junk", key, self.now))
             self.script.junk_after = None
 
@@ -238,26 +239,26 @@ class Sim:
         self.tick += 1
         self._note_markers(q)
         try:
-            q.result = getattr(self, "_" + q.name)(*q.args)
+            q.result = self._wait(q) if q.name == "wait" else getattr(self, "_" + q.name)(*q.args)
         except (StoreTimeout, ConnectionError) as exc:
             q.error = exc
-        if q.name == "compare_set" and q.args[0].startswith("s/") and q.args[2].startswith(checkin.SKIP):
+        if q.name == "compare_set" and q.args[0].startswith("b/s/") and q.args[2].startswith(checkin.SKIP):
             if q.result == q.args[2]:  # a skip written: who was counted at that call then
                 self._written_skip(q.args[0], q.result)
 
     def _note_markers(self, q: Request) -> None:
         """Who set which marker when, and when each rank began reading the others' (its snapshot)."""
-        key = q.args[0] if q.args else ""
-        if q.name == "set" and key.startswith("w/"):
+        key = q.args[0] if q.args and isinstance(q.args[0], str) else ""
+        if q.name == "set" and key.startswith(checkin.MARK):
             self.marked.setdefault((q.rank, q.args[1]), self.tick)
-        if q.name != "compare_set":  # a give-up reads (compare_set) markers and counters, then writes
+        if q.name not in ("compare_set", "check"):  # a give-up reads markers, counters, keys; then writes
             self.looking.pop(q.rank, None)
-        elif key.startswith("w/") and q.rank not in self.looking:
+        elif key.startswith(checkin.MARK) and q.rank not in self.looking:
             self.looking[q.rank] = self.tick
 
     def _written_skip(self, key: str, blob: bytes) -> None:
         """A skip may name only ranks that had not checked in at its call when its writer began to look."""
-        marker = key[2:].encode()
+        marker = key[len("b/s/") :].encode()
         verdict = checkin.Verdict.decode(blob)
         began = self.looking.get(verdict.decider, self.tick)
         wrong = {q for q in verdict.missing if self.marked.get((q, marker), self.tick + 1) < began}
@@ -276,20 +277,27 @@ class Sim:
         return int(self.data[key])
 
     def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """torch's semantics, down to its quirk: on a key that is not there, with `expected` not empty, it
+        sets nothing, answers `expected`, and wakes every wait on that key all the same."""
         current = self.data.get(key)
+        if current is None and expected:
+            for q in self.pending.values():
+                if q.name == "wait" and key in q.args[0]:
+                    q.woken = True
         if current == expected or (current is None and expected == b""):
             self.data[key] = desired
             return desired
         return expected if current is None else current
 
-    def _wait(self, keys: list[str]) -> None:
-        if not all(k in self.data for k in keys):
+    def _wait(self, q: Request) -> None:
+        if not (q.woken or all(k in self.data for k in q.args[0])):
             raise StoreTimeout("wait timeout")
 
     def _get(self, key: str) -> bytes:
-        if key not in self.data:
-            raise StoreTimeout("get timeout")  # the product calls get only after a wait succeeded
-        return self.data[key]
+        return self.data.get(key, b"")  # as TCPStore's server answers for a key that is not there
+
+    def _check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
 
     def _delete_key(self, key: str) -> bool:
         return self.data.pop(key, None) is not None
@@ -321,6 +329,9 @@ class Connection:
 
     def delete_key(self, key: str) -> bool:
         return bool(self._op("delete_key", key))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._op("check", list(keys)))
 
 
 def _b(value: Any) -> bytes:
