@@ -11,8 +11,9 @@ when its name cannot belong to something else: `gather` and `reduce` only on an 
 from __future__ import annotations
 
 import ast
-from collections.abc import Collection, Mapping
-from typing import Optional
+import re
+from collections.abc import Collection, Mapping, Sequence
+from typing import Optional, Union
 
 
 RANK_ATTRIBUTES = frozenset(
@@ -27,6 +28,9 @@ RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK"})
 RANK_DECORATORS = frozenset(
     {"on_main_process", "on_local_main_process", "on_process", "on_last_process", "rank_zero_only"}
 )
+# Every identifier a rank-dependent value starts from: a file that spells none of them has no finding.
+_RANK_WORDS = sorted(RANK_ATTRIBUTES | set(RANK_ATTRIBUTES_ON) | RANK_FUNCTIONS | RANK_VARIABLES | RANK_DECORATORS)
+_MENTIONS_RANK = re.compile("|".join(_RANK_WORDS).encode())
 LOG_METHODS = frozenset({"debug", "info", "warning", "error", "critical", "exception", "log", "warning_once"})
 # Names no other common library uses for something that is not a collective: counted on any receiver.
 ACCELERATE_ONLY = frozenset({"wait_for_everyone", "gather_for_metrics", "pad_across_processes"})
@@ -57,6 +61,11 @@ STATE_COLLECTIVES = {
 }
 # Wrappers that keep a value's rank-dependence: int(os.environ["RANK"]) is as rank-dependent as the string.
 _TRANSPARENT_CALLS = frozenset({"int", "bool", "str"})
+
+
+def mentions_rank(source: bytes) -> bool:
+    """Whether the source spells a rank source at all (a fast test: most files of a codebase do not)."""
+    return _MENTIONS_RANK.search(source) is not None
 
 
 def dotted(node: ast.expr) -> Optional[list[str]]:
@@ -90,15 +99,18 @@ def _unalias(name: str) -> str:
     return name
 
 
-def import_table(tree: ast.Module) -> dict[str, str]:
-    """Local name -> what it was imported as: {"dist": "torch.distributed", "gather": "accelerate.utils.gather"}."""
-    table = _imports(tree)
+def import_table(tree: Union[ast.Module, Sequence[ast.AST]]) -> dict[str, str]:
+    """Local name -> what it was imported as: {"dist": "torch.distributed", "gather": "accelerate.utils.gather"}.
+
+    Takes the module, or all its nodes when the caller already has them (one walk of a large file is enough).
+    """
+    table = _imports(list(ast.walk(tree)) if isinstance(tree, ast.Module) else tree)
     return {local: _unalias(name) for local, name in table.items()}
 
 
-def _imports(tree: ast.Module) -> dict[str, str]:
+def _imports(nodes: Sequence[ast.AST]) -> dict[str, str]:
     table: dict[str, str] = {}
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -120,29 +132,32 @@ def qualified(node: ast.expr, imports: Mapping[str, str]) -> Optional[str]:
     return ".".join([imports[parts[0]], *parts[1:]])
 
 
-def accelerator_names(tree: ast.Module) -> frozenset[str]:
+def accelerator_names(tree: Union[ast.Module, Sequence[ast.AST]]) -> frozenset[str]:
     """Names and attributes bound to an accelerator in this file, plus the conventional `accelerator`.
 
     An accelerator is `Accelerator(...)`, a parameter annotated `Accelerator`, or a name already known to be
     one: `self.acc = Accelerator()` and `def __init__(self, acc: Accelerator): self.trainer_acc = acc` make
     `acc` and `trainer_acc` receivers whose `gather`/`save_state` count. A name is matched by its last part.
     """
+    nodes = list(ast.walk(tree)) if isinstance(tree, ast.Module) else tree
     names = {"accelerator"}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.arg) and node.annotation is not None:
-            if _names_accelerator_type(node.annotation):
-                names.add(node.arg)
+    names.update(n.arg for n in nodes if isinstance(n, ast.arg) and _names_accelerator_type(n.annotation))
+    assigns = [
+        n for n in nodes if isinstance(n, ast.Assign) and isinstance(n.value, (ast.Call, ast.Name, ast.Attribute))
+    ]
     changed = True
     while changed:
         before = len(names)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and _is_accelerator_value(node.value, names):
+        for node in assigns:
+            if _is_accelerator_value(node.value, names):
                 names.update(n for n in map(_last_part, node.targets) if n)
         changed = len(names) != before
     return frozenset(names)
 
 
-def _names_accelerator_type(annotation: ast.expr) -> bool:
+def _names_accelerator_type(annotation: Optional[ast.expr]) -> bool:
+    if annotation is None:
+        return False
     if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
         return annotation.value.rsplit(".", 1)[-1] == "Accelerator"
     return last_name(annotation) == "Accelerator"

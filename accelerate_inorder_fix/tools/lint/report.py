@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, TextIO
 
+from .rank import mentions_rank
 from .walker import Finding, check_tree
 
 
@@ -57,6 +58,8 @@ def check_file(path: str) -> list[Finding]:
     """The findings of one file that `# noqa` leaves; raises OSError, SyntaxError or ValueError (bad bytes)."""
     source = Path(path).read_bytes()
     tree = ast.parse(source, filename=path)  # honours the file's encoding declaration
+    if not mentions_rank(source):
+        return []  # parsed all the same: a file that does not parse is reported whatever it says
     lines = source.decode(_encoding(source), errors="replace").splitlines()
     return [f for f in check_tree(tree) if not is_suppressed(f, lines)]
 

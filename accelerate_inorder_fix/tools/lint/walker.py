@@ -108,6 +108,8 @@ def rank_names(
     assigned: dict[str, list[ast.expr]] = {}
     other = set(params)
     for node in _scope_nodes(body):
+        if not isinstance(node, _BINDERS):
+            continue
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
@@ -125,6 +127,13 @@ def rank_names(
                 tainted[name] = values[0] if len(values) == 1 else None
                 changed = True
     return tainted
+
+
+_BINDERS: tuple[type[ast.AST], ...] = (
+    *(ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor, ast.withitem, ast.NamedExpr),
+    *(ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Global),
+    *(ast.Nonlocal, ast.ExceptHandler),
+)
 
 
 def _other_names(node: ast.AST) -> Iterator[str]:
@@ -180,8 +189,9 @@ class _Walker:
     """One module's walk: the file's imports and accelerator names, the scopes seen and the candidates."""
 
     def __init__(self, tree: ast.Module) -> None:
-        self.imports = rank.import_table(tree)
-        self.accelerators = rank.accelerator_names(tree)
+        nodes = list(ast.walk(tree))
+        self.imports = rank.import_table(nodes)
+        self.accelerators = rank.accelerator_names(nodes)
         self.scopes: list[tuple[Sequence[ast.stmt], Definitions]] = []
         self.candidates: list[_Candidate] = []
 
