@@ -398,7 +398,7 @@ def _finding(cand: _Candidate, backends: Sequence[str]) -> Finding:
         covered = [names[b] for b in _BACKENDS if b not in backends]
         lets = f" (the condition lets every rank through under {covered[0]} only)" if covered else ""
         message = (
-            f"`{callee}()` is collective under {under} {where}{lets}; "
+            f"`{callee}()` is collective under {under}, {where}{lets}; "
             "call it on every rank, and write files on the main process only"
         )
     return Finding(call.lineno, call.col_offset + 1, cand.code, message, reason.condition, reason.line)
