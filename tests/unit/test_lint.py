@@ -1,6 +1,6 @@
 """Promise: `accelerate-inorder-fix lint` reports an in_order call (AIF001), a known collective (AIF002) or a call
-collective under DeepSpeed or FSDP (AIF003) exactly
-when only some ranks can reach it, names the condition and its line, and stays silent on everything else."""
+collective under DeepSpeed or FSDP (AIF003) exactly when only some ranks can reach it and the ranks' paths do not
+balance, names the condition and its line, and stays silent on everything else."""
 
 import ast
 import io
@@ -670,3 +670,12 @@ def test_flake8_reports_AIF003_through_the_plugin(tmp_path):
     flake8 = Path(sys.executable).parent / "flake8"
     proc = subprocess.run([str(flake8), "--select", "AIF", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and ": AIF003 `accelerator.save_state()` is collective under DeepSpeed" in proc.stdout
+
+
+def test_a_named_fsdp_check_in_the_guard_leaves_only_deepspeed():
+    finding = only("""
+        is_fsdp = getattr(accelerator.state, "fsdp_plugin", None) is not None
+        if accelerator.is_main_process or is_fsdp:
+            accelerator.save_state(out)
+    """)
+    assert "collective under DeepSpeed," in finding.message and "through under FSDP only" in finding.message

@@ -59,11 +59,14 @@ class Scenario:
 
 
 class Context:
-    """One module's imports and a scope's rank-dependent names, for evaluating conditions."""
+    """One module's imports, its names for the backend and a scope's rank-dependent names, for conditions."""
 
-    def __init__(self, imports: Mapping[str, str], names: Definitions) -> None:
+    def __init__(
+        self, imports: Mapping[str, str], names: Definitions, backend_names: Mapping[str, ast.expr] = {}
+    ) -> None:
         self.imports = imports
         self.names = names
+        self.backend_names = backend_names  # `is_fsdp = accelerator.distributed_type == ...`: same on every rank
 
     def rank_dependent(self, node: ast.expr) -> bool:
         return rank.is_rank_dependent(node, self.imports, self.names)
@@ -80,10 +83,12 @@ class Context:
         if rank.is_rank_source(node, self.imports):
             return _rank_value(node, scen.rank)
         if isinstance(node, ast.Name):
-            known = self.names.get(node.id)
+            known = self.names.get(node.id, self.backend_names.get(node.id))
             return _UNKNOWN if known is None else self.value(known, scen, depth + 1)
-        if isinstance(node, ast.Attribute):
-            return _backend_value(node, scen)
+        if isinstance(node, (ast.Attribute, ast.Call)):
+            found = _backend_value(node, scen)
+            if found is not _UNKNOWN or isinstance(node, ast.Attribute):
+                return found
         return self._compound(node, scen, depth)
 
     def _compound(self, node: ast.expr, scen: Scenario, depth: int) -> object:
@@ -140,6 +145,31 @@ class Context:
                 yield ast.dump(test), self.rank_dependent(test)
 
 
+def backend_names(nodes: Sequence[ast.AST]) -> dict[str, ast.expr]:
+    """Names the file binds once, to a value that says which backend runs (`is_fsdp = ... fsdp_plugin ...`)."""
+    seen: dict[str, list[ast.expr]] = {}
+    for node in nodes:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    seen.setdefault(target.id, []).append(node.value)
+    return {
+        name: values[0]
+        for name, values in seen.items()
+        if len(values) == 1 and any(_names_backend(n) for n in ast.walk(values[0]))
+    }
+
+
+def _names_backend(node: ast.AST) -> bool:
+    words = (*_PLUGINS, "distributed_type")
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr in words
+        or isinstance(node, ast.Constant)
+        and node.value in words
+    )
+
+
 def _rank_value(node: ast.expr, rank_: int) -> object:
     name = rank.last_name(node)
     if name in _ZERO:
@@ -149,12 +179,29 @@ def _rank_value(node: ast.expr, rank_: int) -> object:
     return rank_
 
 
-def _backend_value(node: ast.Attribute, scen: Scenario) -> object:
-    """`accelerator.distributed_type` is the scenario's backend; `DistributedType.FSDP` is "FSDP"."""
-    if node.attr == "distributed_type":
-        return _UNKNOWN if scen.backend is None else scen.backend
-    if rank.last_name(node.value) == "DistributedType":
-        return node.attr
+_PLUGINS = {"fsdp_plugin": "FSDP", "deepspeed_plugin": "DEEPSPEED"}
+
+
+def _backend_value(node: ast.expr, scen: Scenario) -> object:
+    """`accelerator.distributed_type` is the scenario's backend, `DistributedType.FSDP` is "FSDP", and
+    `accelerator.state.fsdp_plugin` (or `getattr(state, "fsdp_plugin", None)`) is set under FSDP only."""
+    if isinstance(node, ast.Call):
+        args = node.args
+        if rank.last_name(node.func) != "getattr" or len(args) < 2 or not isinstance(args[1], ast.Constant):
+            return _UNKNOWN
+        attr = args[1].value
+    elif isinstance(node, ast.Attribute):
+        if rank.last_name(node.value) == "DistributedType":
+            return node.attr
+        attr = node.attr
+    else:
+        return _UNKNOWN
+    if scen.backend is None or not isinstance(attr, str):
+        return _UNKNOWN
+    if attr == "distributed_type":
+        return scen.backend
+    if attr in _PLUGINS:
+        return attr if _PLUGINS[attr] == scen.backend else None
     return _UNKNOWN
 
 

@@ -189,6 +189,7 @@ class _Walker:
     """One module's walk: the file's imports and accelerator names, the scopes seen and the candidates."""
 
     def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
         nodes = list(ast.walk(tree))
         self.imports = rank.import_table(nodes)
         self.accelerators = rank.accelerator_names(nodes)
@@ -367,12 +368,13 @@ def _code_of_kind(kind: str) -> Optional[str]:
 
 def _judge(walker: _Walker) -> Iterator[Finding]:
     """The candidates the balancing rule keeps: per function and kind, and for AIF003 per backend."""
+    backend_names = paths.backend_names(list(ast.walk(walker.tree))) if walker.candidates else {}
     groups: dict[tuple[int, str], list[_Candidate]] = {}
     for cand in walker.candidates:
         groups.setdefault((cand.scope, walker.kind_of(cand.call) or ""), []).append(cand)
     for (scope, kind), cands in groups.items():
         body, names = walker.scopes[scope]
-        ctx = paths.Context(walker.imports, names)
+        ctx = paths.Context(walker.imports, names, backend_names)
         counts = paths.counted({kind}, walker.kind_of)
         if cands[0].code == STATE:
             backends = [b for b in _BACKENDS if paths.balanced(body, ctx, counts, b) is False]
