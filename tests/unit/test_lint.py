@@ -679,3 +679,28 @@ def test_a_named_fsdp_check_in_the_guard_leaves_only_deepspeed():
             accelerator.save_state(out)
     """)
     assert "collective under DeepSpeed," in finding.message and "through under FSDP only" in finding.message
+
+
+def test_the_source_lines_shortcut_finds_what_the_full_walk_finds():
+    body = HEADER + textwrap.dedent("""
+        LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))
+        def f(loader, acc: Accelerator):
+            with open("x") as handle:
+                rank = dist.get_rank() if dist.is_initialized() else 0
+            total = acc.gather(t) if acc.is_main_process else None
+            if rank == 0:
+                logger.info("x", in_order=True)
+            for batch in loader:
+                if LOCAL_RANK != 0:
+                    continue
+                dist.barrier()
+            try:
+                pass
+            except ValueError as error:
+                if accelerator.is_main_process:
+                    accelerator.save_state(out)
+    """)
+    tree = ast.parse(body)
+    full = lint.check_tree(tree)
+    assert [f.line - HEADER.count("\n") for f in full] == [6, 8, 12, 17]
+    assert lint.check_tree(tree, body.splitlines()) == full

@@ -8,7 +8,7 @@ plugin is only `walker.check_tree` with flake8's 0-based column.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from .walker import check_tree
 
@@ -19,9 +19,10 @@ class Plugin:
     name = "accelerate-inorder-fix"
     version = "2"
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, lines: Sequence[str]) -> None:
         self.tree = tree
+        self.lines = lines  # flake8 hands over the source lines when asked: they spare a full walk
 
     def run(self) -> Iterator[tuple[int, int, str, type[Plugin]]]:
-        for finding in check_tree(self.tree):
+        for finding in check_tree(self.tree, self.lines):
             yield finding.line, finding.col - 1, f"{finding.code} {finding.message}", type(self)

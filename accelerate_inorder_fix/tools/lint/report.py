@@ -61,7 +61,7 @@ def check_file(path: str) -> list[Finding]:
     if not mentions_rank(source):
         return []  # parsed all the same: a file that does not parse is reported whatever it says
     lines = source.decode(_encoding(source), errors="replace").splitlines()
-    return [f for f in check_tree(tree) if not is_suppressed(f, lines)]
+    return [f for f in check_tree(tree, lines) if not is_suppressed(f, lines)]
 
 
 def _encoding(source: bytes) -> str:

@@ -18,6 +18,7 @@ leaves only FSDP in the message.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -87,29 +88,73 @@ def exit_word(body: Sequence[ast.stmt]) -> Optional[str]:
     return None
 
 
-def _scope_nodes(body: Sequence[ast.AST]) -> Iterator[ast.AST]:
-    """Every node of one scope, not those of the functions, classes and comprehensions it defines."""
-    stack = list(body)
-    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-    comprehensions = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, nested + comprehensions):
-            continue
-        stack.extend(ast.iter_child_nodes(node))
+_NEW_SCOPES: tuple[type[ast.AST], ...] = (
+    *(ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef),
+    *(ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp),
+)
+
+
+_IF_WORD = re.compile(r"\bif\b")
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases", "items")
+
+
+def _statement_children(node: ast.AST) -> Iterator[ast.AST]:
+    """The statements, handlers, match cases and `with` items under a node, and a function's parameters."""
+    for name in _BLOCKS:
+        value = getattr(node, name, None)
+        if isinstance(value, list):
+            yield from value
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = node.args
+        yield from (a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a)
+
+
+@dataclass
+class _Index:
+    """What one walk of the whole tree learns: every node, each scope's binding nodes, the lines of `x if c else y`.
+
+    A scope is the module or a function (by `id`); a class body, lambda or comprehension is a scope of its own
+    whose bindings no rank name comes from.
+    """
+
+    nodes: list[ast.AST]
+    binders: dict[int, list[ast.AST]]
+    if_exp_lines: set[int]
+
+    @classmethod
+    def of(cls, tree: ast.Module, lines: Optional[Sequence[str]] = None) -> _Index:
+        """Every node; or, given the source lines, statements only (a fraction of the nodes) plus what the
+        lines say: which lines may hold `x if c else y` (any line with the word `if`)."""
+        index = cls([], {}, set())
+        shallow = lines is not None and not any(":=" in line for line in lines)  # `:=` binds inside expressions
+        children = _statement_children if shallow else ast.iter_child_nodes
+        stack: list[tuple[ast.AST, int]] = [(tree, id(tree))]
+        while stack:
+            node, owner = stack.pop()
+            index.nodes.append(node)
+            if isinstance(node, _BINDERS):
+                index.binders.setdefault(owner, []).append(node)
+            elif isinstance(node, ast.IfExp):
+                index.if_exp_lines.add(node.lineno)
+            inner = id(node) if isinstance(node, _NEW_SCOPES) else owner
+            stack.extend((child, inner) for child in children(node))
+        if shallow and lines is not None:
+            index.if_exp_lines = {i for i, line in enumerate(lines, 1) if _IF_WORD.search(line)}
+        return index
+
+    def may_hold_if_exp(self, expr: ast.expr) -> bool:
+        end = getattr(expr, "end_lineno", None) or expr.lineno
+        return any(line in self.if_exp_lines for line in range(expr.lineno, end + 1))
 
 
 def rank_names(
-    body: Sequence[ast.stmt], params: Iterable[str], inherited: Definitions, walker: _Walker
+    binders: Iterable[ast.AST], params: Iterable[str], inherited: Definitions, walker: _Walker
 ) -> Definitions:
     """Names of this scope bound only by `name = <rank-dependent value>` (plus the enclosing scope's, unless
     rebound), each with its value when it has exactly one (`paths` evaluates it for each rank)."""
     assigned: dict[str, list[ast.expr]] = {}
     other = set(params)
-    for node in _scope_nodes(body):
-        if not isinstance(node, _BINDERS):
-            continue
+    for node in binders:
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
@@ -188,11 +233,10 @@ class _Candidate:
 class _Walker:
     """One module's walk: the file's imports and accelerator names, the scopes seen and the candidates."""
 
-    def __init__(self, tree: ast.Module) -> None:
-        self.tree = tree
-        nodes = list(ast.walk(tree))
-        self.imports = rank.import_table(nodes)
-        self.accelerators = rank.accelerator_names(nodes)
+    def __init__(self, tree: ast.Module, lines: Optional[Sequence[str]] = None) -> None:
+        self.index = _Index.of(tree, lines)
+        self.imports = rank.import_table(self.index.nodes)
+        self.accelerators = rank.accelerator_names(self.index.nodes)
         self.scopes: list[tuple[Sequence[ast.stmt], Definitions]] = []
         self.candidates: list[_Candidate] = []
 
@@ -258,7 +302,8 @@ class _Walker:
         for decorator in node.decorator_list:
             if rank.last_name(decorator) in rank.RANK_DECORATORS:
                 inner = Reason("in a function decorated", f"@{_text(decorator)}", decorator.lineno, decorated=True)
-        self.walk(node.body, inner, rank_names(node.body, _parameters(node), tainted, self))
+        names = rank_names(self.index.binders.get(id(node), ()), _parameters(node), tainted, self)
+        self.walk(node.body, inner, names)
 
     def condition(self, test: ast.expr, reason: Optional[Reason], tainted: Definitions) -> Optional[str]:
         """The test's text when it is rank-dependent (its own calls are checked on the path that evaluates it)."""
@@ -333,6 +378,8 @@ class _Walker:
 
     def scan(self, expr: ast.expr, reason: Optional[Reason], tainted: Definitions) -> None:
         """Check every call in an expression (iteratively: long `a + b + ...` chains are deep trees)."""
+        if reason is None and not self.index.may_hold_if_exp(expr):
+            return  # no call here is on a rank-dependent path
         stack: list[tuple[ast.AST, Optional[Reason]]] = [(expr, reason)]
         while stack:
             node, why = stack.pop()
@@ -368,7 +415,7 @@ def _code_of_kind(kind: str) -> Optional[str]:
 
 def _judge(walker: _Walker) -> Iterator[Finding]:
     """The candidates the balancing rule keeps: per function and kind, and for AIF003 per backend."""
-    backend_names = paths.backend_names(list(ast.walk(walker.tree))) if walker.candidates else {}
+    backend_names = paths.backend_names(walker.index.nodes) if walker.candidates else {}
     groups: dict[tuple[int, str], list[_Candidate]] = {}
     for cand in walker.candidates:
         groups.setdefault((cand.scope, walker.kind_of(cand.call) or ""), []).append(cand)
@@ -406,8 +453,8 @@ def _finding(cand: _Candidate, backends: Sequence[str]) -> Finding:
     return Finding(call.lineno, call.col_offset + 1, cand.code, message, reason.condition, reason.line)
 
 
-def check_tree(tree: ast.Module) -> list[Finding]:
-    """The findings of one parsed module, in source order."""
-    walker = _Walker(tree)
-    walker.walk(tree.body, None, rank_names(tree.body, (), {}, walker))
+def check_tree(tree: ast.Module, lines: Optional[Sequence[str]] = None) -> list[Finding]:
+    """The findings of one parsed module, in source order; its source lines, if given, spare a full walk."""
+    walker = _Walker(tree, lines)
+    walker.walk(tree.body, None, rank_names(walker.index.binders.get(id(tree), ()), (), {}, walker))
     return sorted(_judge(walker), key=lambda f: (f.line, f.col, f.code))
