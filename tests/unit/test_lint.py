@@ -704,3 +704,28 @@ def test_the_source_lines_shortcut_finds_what_the_full_walk_finds():
     full = lint.check_tree(tree)
     assert [f.line - HEADER.count("\n") for f in full] == [6, 8, 12, 17]
     assert lint.check_tree(tree, body.splitlines()) == full
+
+
+def test_an_error_check_that_raises_inside_one_side_of_a_balanced_branch_is_silent():
+    assert findings("""
+        def load(shards, full):
+            if accelerator.is_main_process:
+                for name in shards:
+                    if name not in full:
+                        raise KeyError(name)
+                    dist.broadcast(full[name], src=0)
+            else:
+                for name in shards:
+                    dist.broadcast(empty_like(name), src=0)
+    """) == []
+
+
+def test_a_raise_that_ends_the_rank_dependent_block_itself_is_still_a_divergence():
+    assert findings("""
+        def stop_on_rank_0(flag):
+            if dist.get_rank() == 0:
+                if flag:
+                    print("stopping")
+                raise SystemExit("done")
+            dist.barrier()
+    """) == [(7, "AIF002")]

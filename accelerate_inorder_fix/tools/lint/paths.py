@@ -269,6 +269,8 @@ class _Run:
         self.counts = counts
         self.scenarios = scenarios
         self._effect: dict[int, bool] = {}
+        self.world = scenarios[0].uniform if scenarios else {}  # tests and loops decided once for all ranks
+        self._checks = 0  # how deep in branches taken the same way on every rank (`if key not in sd: raise`)
 
     def effect(self, node: ast.AST) -> bool:
         """Whether the node holds a counted call or a way out (`return`, `continue`...): else it is skipped."""
@@ -306,6 +308,8 @@ class _Run:
         for child in _children(stmt):
             if isinstance(child, ast.expr):
                 vec = self.add(child, vec, mask)
+        if isinstance(stmt, ast.Raise) and self._checks:
+            return frozenset()  # an error check's raise: a crash, not a path the job is meant to take
         if is_exit(stmt) or isinstance(stmt, (ast.Continue, ast.Break)):
             vec = _set_status(vec, mask, _DONE if is_exit(stmt) else _SKIP)
         return frozenset({vec})
@@ -316,11 +320,23 @@ class _Run:
         """Both sides for every rank alike when the test is the same everywhere; else each rank its own side."""
         one = frozenset({vec})
         if not self.ctx.rank_dependent(test):
-            return self.block(body, one, mask) | self.block(orelse, one, mask)
+            decided = self.world.get(ast.dump(test))
+            sides = frozenset() if decided is False else self.checked(body, one, mask)
+            return sides | (frozenset() if decided else self.checked(orelse, one, mask))
         taken = tuple(self.ctx.truth(test, s) for s in self.scenarios)
         yes = tuple(m and t for m, t in zip(mask, taken))
         no = tuple(m and not t for m, t in zip(mask, taken))
         return self.block(orelse, self.block(body, one, yes), no)
+
+    def checked(
+        self, body: Sequence[ast.stmt], states: frozenset[Vector], mask: tuple[bool, ...]
+    ) -> frozenset[Vector]:
+        """A block entered the same way on every rank: a `raise` in it abandons the path (an error check)."""
+        self._checks += 1
+        try:
+            return self.block(body, states, mask)
+        finally:
+            self._checks -= 1
 
     def loop(self, node: Loop, vec: Vector, mask: tuple[bool, ...]) -> frozenset[Vector]:
         """A loop the same on every rank runs its body zero times or once; a rank-dependent one is not followed."""
@@ -332,17 +348,19 @@ class _Run:
             if any(self._leaves_or_counts(s) for s in node.body):
                 raise GiveUp("a loop whose turns depend on the rank, and a way out in it")
             return frozenset({vec})
+        decided = self.world.get(_head_key(node))
         once = frozenset(
             _set_status(v, mask, _LIVE, only=_SKIP) for v in self.block(node.body, frozenset({vec}), mask)
         )
-        return self.block(node.orelse, once | {vec}, mask)
+        turns = once if decided else frozenset({vec}) if decided is False else once | {vec}
+        return self.block(node.orelse, turns, mask)
 
     def try_(self, node: Union[ast.Try, ast.stmt], vec: Vector, mask: tuple[bool, ...]) -> frozenset[Vector]:
         """The body and else; or, the same way on every rank, a handler from the start; then `finally`."""
         one = frozenset({vec})
         states = self.block(getattr(node, "orelse", []), self.block(getattr(node, "body", []), one, mask), mask)
         for handler in getattr(node, "handlers", []):
-            states |= self.block(handler.body, one, mask)
+            states |= self.checked(handler.body, one, mask)
         return self.block(getattr(node, "finalbody", []), states, mask)
 
     def _counts_in(self, node: ast.AST) -> bool:
@@ -394,10 +412,31 @@ def _tests(body: Sequence[ast.AST]) -> Iterator[ast.expr]:
         stack.extend(_children(node))
 
 
+def _head_key(node: Union[ast.If, Loop]) -> str:
+    """What decides a branch or loop: its test (`if`, `while`) or what it iterates over (`for`)."""
+    return ast.dump(node.iter) if isinstance(node, (ast.For, ast.AsyncFor)) else ast.dump(node.test)
+
+
+def _repeated_heads(body: Sequence[ast.AST], ctx: Context, counts: Counter) -> set[str]:
+    """Tests and loops the same on every rank that the scope repeats around counted calls: `for n in shards:
+    broadcast(...)` on rank 0 and again on the others turns as often on both sides, so it is decided once."""
+    seen: dict[str, int] = {}
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.If, ast.While, ast.For, ast.AsyncFor)):
+            head = node.test if isinstance(node, (ast.If, ast.While)) else node.iter
+            holds = any(isinstance(n, ast.Call) and counts(n) for s in node.body for n in ast.walk(s))
+            if holds and not ctx.rank_dependent(head):
+                seen[_head_key(node)] = seen.get(_head_key(node), 0) + 1
+        stack.extend(_children(node))
+    return {key for key, times in seen.items() if times > 1}
+
+
 def balanced(body: Sequence[ast.stmt], ctx: Context, counts: Counter, backend: Optional[str] = None) -> Optional[bool]:
     """Whether every rank reaches as many counted calls as every other, on every path; None if unknown."""
     bits: set[str] = set()
-    mixed: set[str] = set()
+    mixed = _repeated_heads(body, ctx, counts)
     for test in _tests(body):
         if ctx.rank_dependent(test):
             for key, per_rank in ctx.atoms(test):
