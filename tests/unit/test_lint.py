@@ -729,3 +729,17 @@ def test_a_raise_that_ends_the_rank_dependent_block_itself_is_still_a_divergence
                 raise SystemExit("done")
             dist.barrier()
     """) == [(7, "AIF002")]
+
+
+def test_a_function_defined_inside_a_repeated_loop_does_not_break_the_balancing():
+    assert findings("""
+        def send(shards):
+            if dist.get_rank() == 0:
+                for name in shards:
+                    def pack(x):
+                        return x
+                    dist.broadcast(pack(name), src=0)
+            else:
+                for name in shards:
+                    dist.broadcast(name, src=0)
+    """) == []

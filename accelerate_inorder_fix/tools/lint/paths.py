@@ -421,22 +421,34 @@ def _repeated_heads(body: Sequence[ast.AST], ctx: Context, counts: Counter) -> s
     """Tests and loops the same on every rank that the scope repeats around counted calls: `for n in shards:
     broadcast(...)` on rank 0 and again on the others turns as often on both sides, so it is decided once."""
     seen: dict[str, int] = {}
-    stack = list(body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.If, ast.While, ast.For, ast.AsyncFor)):
+    holds: dict[int, bool] = {}
+
+    def visit(node: ast.AST) -> bool:
+        """Whether the node holds a counted call; counts the heads around one on the way back up."""
+        found = isinstance(node, ast.Call) and counts(node)
+        for child in _children(node):
+            found = visit(child) or found
+        holds[id(node)] = found
+        if isinstance(node, (ast.If, ast.While, ast.For, ast.AsyncFor)) and any(
+            holds.get(id(b), False) for b in node.body
+        ):
             head = node.test if isinstance(node, (ast.If, ast.While)) else node.iter
-            holds = any(isinstance(n, ast.Call) and counts(n) for s in node.body for n in ast.walk(s))
-            if holds and not ctx.rank_dependent(head):
+            if not ctx.rank_dependent(head):
                 seen[_head_key(node)] = seen.get(_head_key(node), 0) + 1
-        stack.extend(_children(node))
+        return found
+
+    for stmt in body:
+        visit(stmt)
     return {key for key, times in seen.items() if times > 1}
 
 
 def balanced(body: Sequence[ast.stmt], ctx: Context, counts: Counter, backend: Optional[str] = None) -> Optional[bool]:
     """Whether every rank reaches as many counted calls as every other, on every path; None if unknown."""
     bits: set[str] = set()
-    mixed = _repeated_heads(body, ctx, counts)
+    try:
+        mixed = _repeated_heads(body, ctx, counts)
+    except RecursionError:
+        return None
     for test in _tests(body):
         if ctx.rank_dependent(test):
             for key, per_rank in ctx.atoms(test):
