@@ -707,7 +707,8 @@ def test_the_source_lines_shortcut_finds_what_the_full_walk_finds():
 
 
 def test_an_error_check_that_raises_inside_one_side_of_a_balanced_branch_is_silent():
-    assert findings("""
+    assert (
+        findings("""
         def load(shards, full):
             if accelerator.is_main_process:
                 for name in shards:
@@ -717,7 +718,9 @@ def test_an_error_check_that_raises_inside_one_side_of_a_balanced_branch_is_sile
             else:
                 for name in shards:
                     dist.broadcast(empty_like(name), src=0)
-    """) == []
+    """)
+        == []
+    )
 
 
 def test_a_raise_that_ends_the_rank_dependent_block_itself_is_still_a_divergence():
@@ -732,7 +735,8 @@ def test_a_raise_that_ends_the_rank_dependent_block_itself_is_still_a_divergence
 
 
 def test_a_function_defined_inside_a_repeated_loop_does_not_break_the_balancing():
-    assert findings("""
+    assert (
+        findings("""
         def send(shards):
             if dist.get_rank() == 0:
                 for name in shards:
@@ -742,4 +746,6 @@ def test_a_function_defined_inside_a_repeated_loop_does_not_break_the_balancing(
             else:
                 for name in shards:
                     dist.broadcast(name, src=0)
-    """) == []
+    """)
+        == []
+    )
