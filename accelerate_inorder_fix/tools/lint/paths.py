@@ -92,6 +92,7 @@ class Context:
         return self._compound(node, scen, depth)
 
     def _compound(self, node: ast.expr, scen: Scenario, depth: int) -> object:
+        """Comparisons, arithmetic, `and`/`or`, a rank-side conditional expression, `int(...)`: by their parts."""
         if isinstance(node, ast.Compare) and len(node.ops) == 1:
             left, right = self.value(node.left, scen, depth + 1), self.value(node.comparators[0], scen, depth + 1)
             return _compare(node.ops[0], left, right)
@@ -290,6 +291,7 @@ class _Run:
         return states
 
     def statement(self, stmt: ast.stmt, vec: Vector, mask: tuple[bool, ...]) -> frozenset[Vector]:
+        """The vectors one statement can leave, for the ranks in `mask` (the others are untouched)."""
         one = frozenset({vec})
         if isinstance(stmt, ast.If):
             vec = self.add(stmt.test, vec, mask)
@@ -476,6 +478,7 @@ def _balanced_in(
     bits: Sequence[str],
     world: Mapping[str, bool],
 ) -> bool:
+    """One world: every scenario's rank and bits run together; balanced if every path ends with equal counts."""
     scenarios = [
         Scenario(r, dict(zip(bits, values)), world, backend)
         for r in RANKS

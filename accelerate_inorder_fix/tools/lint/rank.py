@@ -5,7 +5,9 @@ between ranks (`accelerator.is_main_process`, `dist.get_rank()`, `os.environ["RA
 from such values, and `not`/`and`/`or`/comparisons/arithmetic over them); a check that is the same on every
 rank, such as `local_rank != -1` ("are we distributed?"), does not count. A call counts as a collective only
 when its name cannot belong to something else: `gather` and `reduce` only on an accelerator or from
-`accelerate`, `barrier` and `broadcast` only from `torch.distributed`.
+`accelerate`, `barrier` and `broadcast` only from `torch.distributed` or a module known to be it under another
+name (`deepspeed.comm`); an unknown module named `dist` is not. AIF003's methods (`save_state`...) count on an
+accelerator only: `Accelerator()`, a parameter annotated so, or a name or attribute bound to one.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def import_table(tree: Union[ast.Module, Sequence[ast.AST]]) -> dict[str, str]:
 
 
 def _imports(nodes: Sequence[ast.AST]) -> dict[str, str]:
+    """Every import of the module, function-level ones included, as written (before `_unalias`)."""
     table: dict[str, str] = {}
     for node in nodes:
         if isinstance(node, ast.Import):

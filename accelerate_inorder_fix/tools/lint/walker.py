@@ -272,6 +272,7 @@ class _Walker:
             reason = self.after(stmt, reason, tainted) or reason
 
     def statement(self, stmt: ast.stmt, reason: Optional[Reason], tainted: Definitions) -> None:
+        """One statement: a function is a scope of its own, `if` and loops may make the path rank-dependent."""
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             self.function(stmt, reason, tainted)
         elif isinstance(stmt, ast.If):
@@ -295,6 +296,7 @@ class _Walker:
                 self.block(body, reason, tainted)
 
     def function(self, node: FunctionNode, reason: Optional[Reason], tainted: Definitions) -> None:
+        """Decorators and defaults where defined; the body where called, rank-dependent if decorated so."""
         for expr in [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]:
             if expr is not None:
                 self.scan(expr, reason, tainted)
@@ -347,6 +349,7 @@ class _Walker:
     def loop(
         self, node: Union[ast.While, ast.For, ast.AsyncFor], reason: Optional[Reason], tainted: Definitions
     ) -> None:
+        """`while <rank-dependent>:` and `for _ in range(<rank>):` make their body rank-dependent; `else` is not."""
         if isinstance(node, ast.While):
             cond = self.condition(node.test, reason, tainted)
             text, head = f"while {cond}:", node.test
