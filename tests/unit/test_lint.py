@@ -749,3 +749,25 @@ def test_a_function_defined_inside_a_repeated_loop_does_not_break_the_balancing(
     """)
         == []
     )
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="`match` is Python 3.10's")
+def test_a_match_whose_every_case_makes_the_collective_balances_the_other_side():
+    assert findings("""
+        def f(mode):
+            if dist.get_rank() == 0:
+                match mode:
+                    case "fast":
+                        dist.barrier()
+                    case _:
+                        dist.barrier()
+            else:
+                dist.barrier()
+        def g(mode):
+            if dist.get_rank() == 0:
+                match mode:
+                    case "fast":
+                        dist.barrier()
+            else:
+                dist.barrier()
+    """) == [(15, "AIF002"), (17, "AIF002")]

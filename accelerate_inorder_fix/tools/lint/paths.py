@@ -34,6 +34,7 @@ _EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 _ZERO = frozenset({"is_main_process", "is_local_main_process", "is_global_zero"})
 _ZERO |= {"is_world_process_zero", "is_local_process_zero"}
 _UNKNOWN = object()
+_MATCH: tuple[type[ast.AST], ...] = tuple(getattr(ast, name) for name in ("Match",) if hasattr(ast, name))
 
 Definitions = Mapping[str, Optional[ast.expr]]  # rank-dependent names; their one defining value, if one
 Vector = tuple[tuple[int, int], ...]  # (count, status) for each scenario
@@ -304,9 +305,14 @@ class _Run:
             for item in stmt.items:
                 vec = self.add(item.context_expr, vec, mask)
             return self.block(stmt.body, frozenset({vec}), mask)
-        if isinstance(stmt, ast.Match):
-            vec = self.add(stmt.subject, vec, mask)
-            return frozenset().union(*(self.block(c.body, one, mask) for c in stmt.cases), one)
+        if isinstance(stmt, _MATCH):  # Python 3.10's `match`: each case the same way on every rank
+            subject, cases = getattr(stmt, "subject"), getattr(stmt, "cases")
+            vec = self.add(subject, vec, mask)
+            last = cases[-1]  # `case _:` matches whatever the others did not
+            wildcard = getattr(last.pattern, "pattern", 0) is None and last.guard is None
+            return frozenset().union(
+                *(self.checked(c.body, one, mask) for c in cases), frozenset() if wildcard else one
+            )
         for child in _children(stmt):
             if isinstance(child, ast.expr):
                 vec = self.add(child, vec, mask)
