@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         "lint",
         help="find in_order calls and collectives that only some ranks reach (static, before launch)",
         description="Read Python files (directories recursively) with `ast`, importing nothing from them, and "
-        "report in flake8's format each in_order log call (AIF001) and each known collective (AIF002) on a "
+        "report in flake8's format each in_order log call (AIF001), known collective (AIF002) and call that is "
+        "collective under DeepSpeed or FSDP (AIF003, `save_state`...) on a "
         "rank-dependent path: under `if accelerator.is_main_process:`, after `if rank != 0: return`, in a "
         "function decorated `@accelerator.on_main_process`... `# noqa: AIF001` silences a line. Exit codes: 0 "
         "nothing found, 1 findings, 2 a path that cannot be read or parsed (the rest is still checked).",
@@ -128,13 +129,20 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument(
         "--format", choices=("text", "json"), default="text", help="text (flake8's, default) or a JSON array"
     )
+    lint.add_argument("--select", metavar="CODES", help="report only these codes or prefixes (AIF001,AIF003)")
+    lint.add_argument("--ignore", metavar="CODES", help="do not report these codes or prefixes")
     return parser
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
     from . import lint as _lint
 
-    return _lint.run(args.paths, args.format, sys.stdout, sys.stderr)
+    try:
+        select, ignore = _lint.parse_codes(args.select), _lint.parse_codes(args.ignore)
+    except ValueError as error:
+        sys.stderr.write(f"lint: {error}\n")
+        return _lint.EXIT_UNREADABLE  # a usage error, as argparse's own
+    return _lint.run(args.paths, args.format, sys.stdout, sys.stderr, select, ignore)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

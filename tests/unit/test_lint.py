@@ -1,5 +1,6 @@
-"""Promise: `accelerate-inorder-fix lint` reports an in_order call (AIF001) or a known collective (AIF002) exactly
-when only some ranks can reach it, names the condition and its line, and stays silent on everything else."""
+"""Promise: `accelerate-inorder-fix lint` reports an in_order call (AIF001), a known collective (AIF002) or a call
+collective under DeepSpeed or FSDP (AIF003) exactly when only some ranks can reach it and the ranks' paths do not
+balance, names the condition and its line, and stays silent on everything else."""
 
 import ast
 import io
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import gather as utils_gather
+from accelerate.utils import gather as utils_gather, DistributedType
 logger = get_logger(__name__)
 accelerator = Accelerator()
 """
@@ -379,3 +380,394 @@ def test_flake8_runs_the_same_checks_through_the_plugin(tmp_path):
         f"{path}:{line}:5: AIF002 `dist.barrier()` is a collective on a rank-dependent "
         f"path: under `if accelerator.is_main_process:` (line {line - 1}); every rank must reach it"
     ]
+
+
+# --- Membership, balance, recall, AIF003 and the command's options (issue 25) ---
+
+
+def test_a_group_collective_under_a_membership_test_is_silent():
+    assert (
+        findings("""
+        def reduce_within(group, t):
+            me = dist.get_rank()
+            if me in dist.get_process_group_ranks(group):
+                dist.all_reduce(t, group=group)
+        def only_members(members, grp, t):
+            if dist.get_rank() not in members:
+                return
+            dist.broadcast(t, 0, group=grp)
+    """)
+        == []
+    )
+
+
+def test_a_world_collective_under_a_membership_test_is_reported():
+    assert findings("""
+        def f(members, t):
+            if dist.get_rank() in members:
+                dist.all_reduce(t)
+    """) == [(4, "AIF002")]
+
+
+def test_the_zero_first_pair_of_barriers_is_balanced():
+    assert (
+        findings("""
+        LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))
+        def rank_zero_goes_first():
+            if LOCAL_RANK not in [-1, 0]:
+                dist.barrier()
+            yield
+            if LOCAL_RANK == 0:
+                dist.barrier()
+        def main_goes_first():
+            if not accelerator.is_main_process:
+                accelerator.wait_for_everyone()
+            prepare_dataset()
+            if accelerator.is_main_process:
+                accelerator.wait_for_everyone()
+    """)
+        == []
+    )
+
+
+def test_a_zero_first_pair_missing_its_second_barrier_is_reported():
+    assert findings("""
+        LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))
+        def rank_zero_goes_first():
+            if LOCAL_RANK not in [-1, 0]:
+                dist.barrier()
+            yield
+    """) == [(5, "AIF002")]
+
+
+def test_an_early_return_that_makes_the_same_collective_as_the_rest_is_balanced():
+    assert (
+        findings("""
+        def check(members):
+            rank = dist.get_rank()
+            if rank not in members:
+                dist.barrier()
+                return
+            run_the_members_part()
+            dist.barrier()
+        def others_leave():
+            if dist.get_rank() != 0:
+                accelerator.wait_for_everyone()
+                return
+            write_summary()
+            accelerator.wait_for_everyone()
+    """)
+        == []
+    )
+
+
+def test_balance_is_counted_by_kind_so_another_collective_does_not_balance():
+    assert findings("""
+        def f(t):
+            if dist.get_rank() == 0:
+                dist.barrier()
+            else:
+                dist.all_reduce(t)
+    """) == [(4, "AIF002"), (6, "AIF002")]
+
+
+def test_two_ifs_that_split_the_ranks_between_them_are_balanced():
+    assert (
+        findings("""
+        def f():
+            main = accelerator.is_main_process
+            if main:
+                logger.info("saving", in_order=True)
+            if not main:
+                logger.info("waiting", in_order=True)
+    """)
+        == []
+    )
+
+
+def test_a_rank_dependent_continue_before_a_collective_is_reported():
+    assert findings("""
+        def f(loader):
+            for batch in loader:
+                if not accelerator.is_main_process:
+                    continue
+                accelerator.wait_for_everyone()
+    """) == [(6, "AIF002")]
+
+
+def test_a_rank_0_raise_before_a_barrier_is_reported():
+    assert findings("""
+        def sanity_check(loader):
+            if dist.get_rank() == 0:
+                for batch in loader:
+                    print(batch)
+                raise AssertionError("done")
+            dist.barrier()
+    """) == [(7, "AIF002")]
+
+
+@pytest.mark.parametrize(
+    "imports",
+    ["import deepspeed.comm as dist", "from deepspeed import comm as dist", "import deepspeed.comm.comm as dist"]
+    + ["from torch.distributed import distributed_c10d as dist", "from nanotron import distributed as dist"],
+)
+def test_modules_known_to_be_torch_distributed_are_read_as_it(imports):
+    tree = ast.parse(f"{imports}\nif dist.get_rank() == 0:\n    dist.barrier()\n")
+    assert [(f.line, f.code) for f in lint.check_tree(tree)] == [(3, "AIF002")]
+
+
+@pytest.mark.parametrize("imports", ["import mycomm as dist", "from somewhere import dist", "dist = pick_backend()"])
+def test_an_unknown_module_named_dist_is_not_a_collective_library(imports):
+    tree = ast.parse(f"{imports}\nif dist.get_rank() == 0:\n    dist.barrier()\n")
+    assert lint.check_tree(tree) == []
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["dist.all_gather_object(out, x)", "dist.broadcast_object_list(xs, 0)", "dist.reduce_scatter(o, xs)"]
+    + ["dist.all_to_all(o, i)", "dist.gather(t, ts, 0)", "accelerator.gather_object(x)"],
+)
+def test_the_other_collectives_are_AIF002(call):
+    assert findings(f"if accelerator.is_main_process:\n    {call}") == [(2, "AIF002")]
+
+
+def test_a_rank_chosen_by_a_conditional_expression_is_a_rank():
+    assert findings("""
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == 0:
+            dist.barrier()
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world > 1:
+            dist.barrier()
+    """) == [(4, "AIF002")]
+
+
+def test_an_accelerator_held_on_an_attribute_or_passed_in_is_seen():
+    assert findings("""
+        class Trainer:
+            def __init__(self, acc: Accelerator):
+                self.acc = acc
+                self.mine = Accelerator()
+            def step(self, t):
+                if self.acc.is_main_process:
+                    self.acc.gather(t)
+                if self.mine.is_main_process:
+                    self.mine.reduce(t)
+    """) == [(8, "AIF002"), (10, "AIF002")]
+
+
+def test_an_object_not_known_as_an_accelerator_has_no_collective_gather():
+    assert (
+        findings("""
+        class Model:
+            def step(self, t, index):
+                if self.engine.is_main_process:
+                    self.table.gather(index)
+    """)
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    "condition",
+    ["trainer.is_world_process_zero()", "self.trainer.is_global_zero", "self.global_rank == 0"]
+    + ["trainer.is_local_process_zero()", "trainer.global_rank != 0"],
+)
+def test_trainer_and_lightning_rank_sources_are_ranks(condition):
+    assert findings(f"if {condition}:\n    dist.barrier()") == [(2, "AIF002")]
+
+
+def test_a_global_rank_setting_on_args_is_not_a_rank():
+    assert findings("if args.global_rank == 0:\n    dist.barrier()") == []
+
+
+@pytest.mark.parametrize(
+    ("call", "backends"),
+    [
+        ("accelerator.save_state(out)", "DeepSpeed and FSDP"),
+        ("accelerator.load_state(out)", "DeepSpeed and FSDP"),
+        ("accelerator.get_state_dict(model)", "DeepSpeed ZeRO-3 and FSDP"),
+        ("self.accelerator.save_model(model, out)", "DeepSpeed ZeRO-3 and FSDP"),
+    ],
+)
+def test_a_state_call_on_the_main_process_only_is_AIF003_naming_backends_and_fix(call, backends):
+    finding = only(f"if accelerator.is_main_process:\n    {call}")
+    assert finding.code == "AIF003" and f"is collective under {backends}, on a rank-dependent path" in finding.message
+    assert "call it on every rank, and write files on the main process only" in finding.message
+
+
+def test_a_guard_letting_every_rank_through_under_deepspeed_leaves_only_fsdp():
+    finding = only("""
+        if accelerator.distributed_type == DistributedType.DEEPSPEED or accelerator.is_main_process:
+            accelerator.save_state(out)
+    """)
+    assert finding.code == "AIF003" and "collective under FSDP," in finding.message
+    assert "lets every rank through under DeepSpeed only" in finding.message
+
+
+def test_a_guard_letting_every_rank_through_under_both_backends_is_silent():
+    assert (
+        findings("""
+        sharded = (DistributedType.DEEPSPEED, DistributedType.FSDP)
+        if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP) or accelerator.is_main_process:
+            accelerator.save_state(out)
+    """)
+        == []
+    )
+
+
+def test_state_calls_on_every_rank_with_files_written_on_main_are_silent():
+    assert (
+        findings("""
+        def save(model, out):
+            accelerator.save_state(out)
+            weights = accelerator.get_state_dict(model)
+            if accelerator.is_main_process:
+                torch.save(weights, out)
+                trainer.save_model(out)
+                model.save_state(out)
+    """)
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("select", "ignore", "kept"),
+    [
+        ("", "", ["AIF001", "AIF002", "AIF003"]),
+        ("AIF003", "", ["AIF003"]),
+        ("", "AIF001,AIF002", ["AIF003"]),
+        ("AIF", "AIF002", ["AIF001", "AIF003"]),
+        ("AIF002", "AIF", ["AIF002"]),
+        ("E501", "", []),
+    ],
+)
+def test_select_and_ignore_choose_codes_as_flake8_and_ruff_do(tmp_path, select, ignore, kept):
+    path = _write(
+        tmp_path,
+        "t.py",
+        "if accelerator.is_main_process:\n    logger.info('x', in_order=True)\n    dist.barrier()\n"
+        "    accelerator.save_state('out')\n",
+    )
+    out, err = io.StringIO(), io.StringIO()
+    lint.run([str(path)], "json", out, err, lint.parse_codes(select), lint.parse_codes(ignore))
+    assert [f["code"] for f in json.loads(out.getvalue())] == kept
+    counts = ", ".join(f"{code} {int(code in kept)}" for code in lint.CODES)
+    assert err.getvalue().rstrip().endswith(f"by code: {counts}")
+
+
+def test_the_command_takes_select_and_ignore_and_rejects_a_bad_code(tmp_path):
+    path = _write(tmp_path, "t.py", "if accelerator.is_main_process:\n    accelerator.save_state('o')\n")
+    repo = Path(__file__).resolve().parents[2]
+    proc = _cli([str(path), "--select", "AIF003"], cwd=repo)
+    assert proc.returncode == 1 and "AIF003" in proc.stdout and "by code: AIF001 0, AIF002 0, AIF003 1" in proc.stderr
+    assert _cli([str(path), "--ignore", "AIF003"], cwd=repo).returncode == 0
+    assert _cli([str(path), "--select", "AIF-3"], cwd=repo).returncode == 2
+
+
+def test_flake8_reports_AIF003_through_the_plugin(tmp_path):
+    path = _write(tmp_path, "t.py", "if accelerator.is_main_process:\n    accelerator.save_state('o')\n")
+    flake8 = Path(sys.executable).parent / "flake8"
+    proc = subprocess.run([str(flake8), "--select", "AIF", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and ": AIF003 `accelerator.save_state()` is collective under DeepSpeed" in proc.stdout
+
+
+def test_a_named_fsdp_check_in_the_guard_leaves_only_deepspeed():
+    finding = only("""
+        is_fsdp = getattr(accelerator.state, "fsdp_plugin", None) is not None
+        if accelerator.is_main_process or is_fsdp:
+            accelerator.save_state(out)
+    """)
+    assert "collective under DeepSpeed," in finding.message and "through under FSDP only" in finding.message
+
+
+def test_the_source_lines_shortcut_finds_what_the_full_walk_finds():
+    body = HEADER + textwrap.dedent("""
+        LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))
+        def f(loader, acc: Accelerator):
+            with open("x") as handle:
+                rank = dist.get_rank() if dist.is_initialized() else 0
+            total = acc.gather(t) if acc.is_main_process else None
+            if rank == 0:
+                logger.info("x", in_order=True)
+            for batch in loader:
+                if LOCAL_RANK != 0:
+                    continue
+                dist.barrier()
+            try:
+                pass
+            except ValueError as error:
+                if accelerator.is_main_process:
+                    accelerator.save_state(out)
+    """)
+    tree = ast.parse(body)
+    full = lint.check_tree(tree)
+    assert [f.line - HEADER.count("\n") for f in full] == [6, 8, 12, 17]
+    assert lint.check_tree(tree, body.splitlines()) == full
+
+
+def test_an_error_check_that_raises_inside_one_side_of_a_balanced_branch_is_silent():
+    assert (
+        findings("""
+        def load(shards, full):
+            if accelerator.is_main_process:
+                for name in shards:
+                    if name not in full:
+                        raise KeyError(name)
+                    dist.broadcast(full[name], src=0)
+            else:
+                for name in shards:
+                    dist.broadcast(empty_like(name), src=0)
+    """)
+        == []
+    )
+
+
+def test_a_raise_that_ends_the_rank_dependent_block_itself_is_still_a_divergence():
+    assert findings("""
+        def stop_on_rank_0(flag):
+            if dist.get_rank() == 0:
+                if flag:
+                    print("stopping")
+                raise SystemExit("done")
+            dist.barrier()
+    """) == [(7, "AIF002")]
+
+
+def test_a_function_defined_inside_a_repeated_loop_does_not_break_the_balancing():
+    assert (
+        findings("""
+        def send(shards):
+            if dist.get_rank() == 0:
+                for name in shards:
+                    def pack(x):
+                        return x
+                    dist.broadcast(pack(name), src=0)
+            else:
+                for name in shards:
+                    dist.broadcast(name, src=0)
+    """)
+        == []
+    )
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="`match` is Python 3.10's")
+def test_a_match_whose_every_case_makes_the_collective_balances_the_other_side():
+    assert findings("""
+        def f(mode):
+            if dist.get_rank() == 0:
+                match mode:
+                    case "fast":
+                        dist.barrier()
+                    case _:
+                        dist.barrier()
+            else:
+                dist.barrier()
+        def g(mode):
+            if dist.get_rank() == 0:
+                match mode:
+                    case "fast":
+                        dist.barrier()
+            else:
+                dist.barrier()
+    """) == [(15, "AIF002"), (17, "AIF002")]

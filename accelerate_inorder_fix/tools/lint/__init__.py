@@ -6,24 +6,33 @@ nothing from the files it checks, nor torch or accelerate) and reports, in flake
 
     AIF001  an in_order log call (`logger.info(msg, in_order=True)`) on a rank-dependent path
     AIF002  a known collective (`wait_for_everyone`, `gather`, `dist.barrier`...) on a rank-dependent path
+    AIF003  a call collective under DeepSpeed or FSDP only (`accelerator.save_state()`...) on such a path
+
+A call on a rank-dependent path is reported only when the paths through its function are unbalanced for
+its kind (the balancing rule, in `paths`).
 
 `rank` says what a rank-dependent value and a collective are, `walker` which paths are rank-dependent,
+`paths` whether the ranks' paths balance,
 `report` reads files and prints; `flake8_plugin` serves the same checks to `flake8 --select AIF`.
 """
 
-from .report import EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE, FORMATS, check_file, run
-from .walker import COLLECTIVE, IN_ORDER, Finding, check_tree
+from .report import EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE, FORMATS, check_file, is_selected, parse_codes, run
+from .walker import CODES, COLLECTIVE, IN_ORDER, STATE, Finding, check_tree
 
 
 __all__ = [
+    "CODES",
     "COLLECTIVE",
     "EXIT_CLEAN",
     "EXIT_FOUND",
     "EXIT_UNREADABLE",
     "FORMATS",
     "IN_ORDER",
+    "STATE",
     "Finding",
     "check_file",
     "check_tree",
+    "is_selected",
+    "parse_codes",
     "run",
 ]

@@ -16,7 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, TextIO
 
-from .walker import Finding, check_tree
+from .rank import mentions_rank
+from .walker import CODES, Finding, check_tree
 
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
@@ -57,8 +58,10 @@ def check_file(path: str) -> list[Finding]:
     """The findings of one file that `# noqa` leaves; raises OSError, SyntaxError or ValueError (bad bytes)."""
     source = Path(path).read_bytes()
     tree = ast.parse(source, filename=path)  # honours the file's encoding declaration
+    if not mentions_rank(source):
+        return []  # parsed all the same: a file that does not parse is reported whatever it says
     lines = source.decode(_encoding(source), errors="replace").splitlines()
-    return [f for f in check_tree(tree) if not is_suppressed(f, lines)]
+    return [f for f in check_tree(tree, lines) if not is_suppressed(f, lines)]
 
 
 def _encoding(source: bytes) -> str:
@@ -74,12 +77,47 @@ def _why(path: str, error: Exception) -> str:
     return f"{path}: cannot read: {type(error).__name__}: {error}"
 
 
+def parse_codes(text: Optional[str]) -> tuple[str, ...]:
+    """`"AIF001, AIF3"` -> ("AIF001", "AIF3"): code prefixes, as flake8's and ruff's `--select` take them."""
+    if not text:
+        return ()
+    codes = tuple(c.upper() for c in re.split(r"[,\s]+", text) if c)
+    bad = [c for c in codes if not re.fullmatch(r"[A-Z]+[0-9]*", c)]
+    if bad:
+        raise ValueError(f"not a code or code prefix: {', '.join(bad)}")
+    return codes
+
+
+def is_selected(code: str, select: Sequence[str], ignore: Sequence[str]) -> bool:
+    """Whether `--select`/`--ignore` keep this code: the longer matching prefix wins, `--ignore` on a tie."""
+    chosen = max((len(c) for c in select if code.startswith(c)), default=-1) if select else 0
+    dropped = max((len(c) for c in ignore if code.startswith(c)), default=-1)
+    return chosen > dropped
+
+
+def summary(found: Sequence[tuple[str, Finding]], files: int, unreadable: int, elapsed: float) -> str:
+    """The closing line on stderr: totals, then the count for each code."""
+    by_code = dict.fromkeys(CODES, 0)
+    for _, finding in found:
+        by_code[finding.code] = by_code.get(finding.code, 0) + 1
+    counts = ", ".join(f"{code} {n}" for code, n in sorted(by_code.items()))
+    totals = f"{len(found)} finding(s) in {files} file(s), {unreadable} unreadable ({elapsed:.2f} s)"
+    return f"lint: {totals}; by code: {counts}\n"
+
+
 def render_text(path: str, finding: Finding) -> str:
     return f"{path}:{finding.line}:{finding.col}: {finding.code} {finding.message}"
 
 
-def run(paths: Sequence[str], fmt: str, out: TextIO, err: TextIO) -> int:
-    """Lint every path; print the findings on `out`, problems and a count on `err`; return the exit code."""
+def run(
+    paths: Sequence[str],
+    fmt: str,
+    out: TextIO,
+    err: TextIO,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+) -> int:
+    """Lint every path; print the findings `select`/`ignore` keep on `out`, problems and counts on `err`."""
     start = time.perf_counter()
     found: list[tuple[str, Finding]] = []
     files = unreadable = 0
@@ -93,14 +131,13 @@ def run(paths: Sequence[str], fmt: str, out: TextIO, err: TextIO) -> int:
             unreadable += 1
             err.write(_why(path, error) + "\n")
             continue
-        for finding in findings:
+        for finding in (f for f in findings if is_selected(f.code, select, ignore)):
             found.append((path, finding))
             if fmt == "text":
                 out.write(render_text(path, finding) + "\n")
     if fmt == "json":
         out.write(json.dumps([{"path": path, **asdict(f)} for path, f in found], indent=2) + "\n")
-    elapsed = time.perf_counter() - start
-    err.write(f"lint: {len(found)} finding(s) in {files} file(s), {unreadable} unreadable ({elapsed:.2f} s)\n")
+    err.write(summary(found, files, unreadable, time.perf_counter() - start))
     if unreadable:
         return EXIT_UNREADABLE
     return EXIT_FOUND if found else EXIT_CLEAN

@@ -6,35 +6,50 @@ after `if <rank-dependent>: return` (or `continue`, `break`, `raise`, `sys.exit(
 branch: every rank runs the body of `main_process_first()`. The walk stays inside one function: a call made
 on a rank-dependent path to a function that makes a collective is not followed (that would be a guess).
 
-Balanced paths are not findings: `if is_main_process: info(a, in_order=True) else: info(b, in_order=True)`
-makes one in_order call on every rank, so a code found on the other side of a branch silences it here.
+Such a call is only a candidate. It is a finding when the paths through its function are unbalanced for
+its kind (`paths`: the balancing rule), so that `if main: info(a, in_order=True) else: info(b,
+in_order=True)` and the zero-first barrier pair are silent. A collective on an explicit `group=` under a
+membership test (`if rank in ranks_of_group:`, `if rank not in ranks: return`) is silent too: only the
+group's members take part. AIF003 is counted per backend, DeepSpeed and FSDP, so that a condition letting
+every rank through under DeepSpeed (`distributed_type == DistributedType.DEEPSPEED or is_main_process`)
+leaves only FSDP in the message.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from . import rank
+from . import paths, rank
+from .paths import Definitions
 
 
-IN_ORDER, COLLECTIVE = "AIF001", "AIF002"
+IN_ORDER, COLLECTIVE, STATE = "AIF001", "AIF002", "AIF003"
+CODES = (IN_ORDER, COLLECTIVE, STATE)
 _EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 _MAX_CONDITION = 60
+_BACKENDS = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP"}
 
 FunctionNode = Union[ast.FunctionDef, ast.AsyncFunctionDef]
 
 
 @dataclass(frozen=True)
 class Reason:
-    """Why the path is rank-dependent: `under` `if rank == 0:` (line 3); codes balanced on the other path."""
+    """Why the path is rank-dependent: `under` `if rank == 0:` (line 3); whether a membership test or a
+    decorator is on the way (a group collective under the first is silent, balance never excuses the second)."""
 
     where: str
     condition: str
     line: int
-    exempt: frozenset[str] = frozenset()
+    membership: bool = False
+    decorated: bool = False
+
+    def inner(self, where: str, condition: str, line: int, membership: bool) -> Reason:
+        """A nested rank-dependent condition: its own text, this one's flags kept."""
+        return Reason(where, condition, line, membership or self.membership, self.decorated)
 
     def describe(self) -> str:
         return f"{self.where} `{self.condition}` (line {self.line})"
@@ -57,18 +72,6 @@ def _text(node: ast.AST) -> str:
     return text if len(text) <= _MAX_CONDITION else text[: _MAX_CONDITION - 3] + "..."
 
 
-def codes_in(nodes: Iterable[ast.AST], walker: _Walker) -> frozenset[str]:
-    """Every code a call somewhere under these nodes would get on a rank-dependent path."""
-    found = set()
-    for top in nodes:
-        for node in ast.walk(top):
-            if isinstance(node, ast.Call):
-                code = walker.code_of(node)
-                if code:
-                    found.add(code)
-    return frozenset(found)
-
-
 def exit_word(body: Sequence[ast.stmt]) -> Optional[str]:
     """How this block certainly leaves: "return", "raise", "continue", "break", "sys.exit()"; else None."""
     if not body:
@@ -85,49 +88,109 @@ def exit_word(body: Sequence[ast.stmt]) -> Optional[str]:
     return None
 
 
-def _scope_nodes(body: Sequence[ast.AST]) -> Iterator[ast.AST]:
-    """Every node of one scope, not those of the functions, classes and comprehensions it defines."""
-    stack = list(body)
-    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-    comprehensions = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, nested + comprehensions):
-            continue
-        stack.extend(ast.iter_child_nodes(node))
+_NEW_SCOPES: tuple[type[ast.AST], ...] = (
+    *(ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef),
+    *(ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp),
+)
+
+
+_IF_WORD = re.compile(r"\bif\b")
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases", "items")
+
+
+def _statement_children(node: ast.AST) -> Iterator[ast.AST]:
+    """The statements, handlers, match cases and `with` items under a node, and a function's parameters."""
+    for name in _BLOCKS:
+        value = getattr(node, name, None)
+        if isinstance(value, list):
+            yield from value
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = node.args
+        yield from (a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a)
+
+
+@dataclass
+class _Index:
+    """What one walk of the whole tree learns: every node, each scope's binding nodes, the lines of `x if c else y`.
+
+    A scope is the module or a function (by `id`); a class body, lambda or comprehension is a scope of its own
+    whose bindings no rank name comes from.
+    """
+
+    nodes: list[ast.AST]
+    binders: dict[int, list[ast.AST]]
+    if_exp_lines: set[int]
+
+    @classmethod
+    def of(cls, tree: ast.Module, lines: Optional[Sequence[str]] = None) -> _Index:
+        """Every node; or, given the source lines, statements only (a fraction of the nodes) plus what the
+        lines say: which lines may hold `x if c else y` (any line with the word `if`)."""
+        index = cls([], {}, set())
+        shallow = lines is not None and not any(":=" in line for line in lines)  # `:=` binds inside expressions
+        children = _statement_children if shallow else ast.iter_child_nodes
+        stack: list[tuple[ast.AST, int]] = [(tree, id(tree))]
+        while stack:
+            node, owner = stack.pop()
+            index.nodes.append(node)
+            if isinstance(node, _BINDERS):
+                index.binders.setdefault(owner, []).append(node)
+            elif isinstance(node, ast.IfExp):
+                index.if_exp_lines.add(node.lineno)
+            inner = id(node) if isinstance(node, _NEW_SCOPES) else owner
+            stack.extend((child, inner) for child in children(node))
+        if shallow and lines is not None:
+            index.if_exp_lines = {i for i, line in enumerate(lines, 1) if _IF_WORD.search(line)}
+        return index
+
+    def may_hold_if_exp(self, expr: ast.expr) -> bool:
+        end = getattr(expr, "end_lineno", None) or expr.lineno
+        return any(line in self.if_exp_lines for line in range(expr.lineno, end + 1))
 
 
 def rank_names(
-    body: Sequence[ast.stmt], params: Iterable[str], inherited: frozenset[str], walker: _Walker
-) -> frozenset[str]:
-    """Names of this scope bound only by `name = <rank-dependent value>` (plus the enclosing scope's, unless rebound)."""
+    binders: Iterable[ast.AST], params: Iterable[str], inherited: Definitions, walker: _Walker
+) -> Definitions:
+    """Names of this scope bound only by `name = <rank-dependent value>` (plus the enclosing scope's, unless
+    rebound), each with its value when it has exactly one (`paths` evaluates it for each rank)."""
     assigned: dict[str, list[ast.expr]] = {}
     other = set(params)
-    for node in _scope_nodes(body):
+    for node in binders:
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 if isinstance(target, ast.Name):
                     assigned.setdefault(target.id, []).append(node.value)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            other.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            other.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            other.update(node.names)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            other.add(node.name)
+        else:
+            other.update(_other_names(node))
         other.update(_other_stores(node))
-    tainted = inherited - other - set(assigned)
+    tainted = {k: v for k, v in inherited.items() if k not in other and k not in assigned}
     changed = True
     while changed:  # a = dist.get_rank(); b = a == 0: b is rank-dependent once a is known to be
         changed = False
         for name, values in assigned.items():
             if name not in tainted and name not in other and all(walker.rank_dependent(v, tainted) for v in values):
-                tainted = tainted | {name}
+                tainted[name] = values[0] if len(values) == 1 else None
                 changed = True
     return tainted
+
+
+_BINDERS: tuple[type[ast.AST], ...] = (
+    *(ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor, ast.withitem, ast.NamedExpr),
+    *(ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Global),
+    *(ast.Nonlocal, ast.ExceptHandler),
+)
+
+
+def _other_names(node: ast.AST) -> Iterator[str]:
+    """Names bound by a definition, an import, `global`/`nonlocal` or `except ... as`."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        yield node.name
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        yield from ((a.asname or a.name).split(".")[0] for a in node.names)
+    elif isinstance(node, (ast.Global, ast.Nonlocal)):
+        yield from node.names
+    elif isinstance(node, ast.ExceptHandler) and node.name:
+        yield node.name
 
 
 def _other_stores(node: ast.AST) -> Iterator[str]:
@@ -157,30 +220,59 @@ def _parameters(node: Union[FunctionNode, ast.Lambda]) -> Iterator[str]:
             yield arg.arg
 
 
+@dataclass(frozen=True)
+class _Candidate:
+    """A call on a rank-dependent path, before the balancing rule has judged its function."""
+
+    call: ast.Call
+    code: str
+    reason: Reason
+    scope: int  # index into _Walker.scopes
+
+
 class _Walker:
-    """One module's walk: the file's imports and accelerator names, and the findings so far."""
+    """One module's walk: the file's imports and accelerator names, the scopes seen and the candidates."""
 
-    def __init__(self, tree: ast.Module) -> None:
-        self.imports = rank.import_table(tree)
-        self.accelerators = rank.accelerator_names(tree)
-        self.findings: list[Finding] = []
+    def __init__(self, tree: ast.Module, lines: Optional[Sequence[str]] = None) -> None:
+        self.index = _Index.of(tree, lines)
+        self.imports = rank.import_table(self.index.nodes)
+        self.accelerators = rank.accelerator_names(self.index.nodes)
+        self.scopes: list[tuple[Sequence[ast.stmt], Definitions]] = []
+        self.candidates: list[_Candidate] = []
 
-    def rank_dependent(self, node: ast.expr, tainted: frozenset[str]) -> bool:
+    def rank_dependent(self, node: ast.expr, tainted: Definitions) -> bool:
         return rank.is_rank_dependent(node, self.imports, tainted)
 
     def code_of(self, call: ast.Call) -> Optional[str]:
-        if rank.is_in_order_call(call):
-            return IN_ORDER
-        if rank.collective_name(call, self.imports, self.accelerators):
-            return COLLECTIVE
-        return None
+        kind = self.kind_of(call)
+        return None if kind is None else _code_of_kind(kind)
 
-    def block(self, body: Sequence[ast.stmt], reason: Optional[Reason], tainted: frozenset[str]) -> None:
+    def kind_of(self, call: ast.Call) -> Optional[str]:
+        """What the balancing rule counts: "in_order", a collective's name (and group), a state method's name."""
+        if rank.is_in_order_call(call):
+            return "in_order"
+        name = rank.collective_name(call, self.imports, self.accelerators)
+        if name:
+            group = next((k.value for k in call.keywords if k.arg == "group"), None)
+            suffix = "" if group is None else f"[group={ast.unparse(group)}]"
+            return "collective:" + _BARRIERS.get(name, name) + suffix
+        state = rank.state_collective(call, self.accelerators)
+        return f"state:{state}" if state else None
+
+    def walk(self, body: Sequence[ast.stmt], reason: Optional[Reason], tainted: Definitions) -> None:
+        """Walk a function's (or the module's) body as a scope of its own."""
+        self.scopes.append((body, tainted))
+        saved, self.scope = getattr(self, "scope", 0), len(self.scopes) - 1
+        self.block(body, reason, tainted)
+        self.scope = saved
+
+    def block(self, body: Sequence[ast.stmt], reason: Optional[Reason], tainted: Definitions) -> None:
         for stmt in body:
             self.statement(stmt, reason, tainted)
             reason = self.after(stmt, reason, tainted) or reason
 
-    def statement(self, stmt: ast.stmt, reason: Optional[Reason], tainted: frozenset[str]) -> None:
+    def statement(self, stmt: ast.stmt, reason: Optional[Reason], tainted: Definitions) -> None:
+        """One statement: a function is a scope of its own, `if` and loops may make the path rank-dependent."""
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             self.function(stmt, reason, tainted)
         elif isinstance(stmt, ast.If):
@@ -190,7 +282,7 @@ class _Walker:
         else:
             self.fields(stmt, reason, tainted)
 
-    def fields(self, node: ast.AST, reason: Optional[Reason], tainted: frozenset[str]) -> None:
+    def fields(self, node: ast.AST, reason: Optional[Reason], tainted: Definitions) -> None:
         """Any other statement: its expressions, then its blocks (try, with, match, class bodies)."""
         for value in ast.iter_fields(node):
             for item in value[1] if isinstance(value[1], list) else [value[1]]:
@@ -203,22 +295,24 @@ class _Walker:
             if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
                 self.block(body, reason, tainted)
 
-    def function(self, node: FunctionNode, reason: Optional[Reason], tainted: frozenset[str]) -> None:
+    def function(self, node: FunctionNode, reason: Optional[Reason], tainted: Definitions) -> None:
+        """Decorators and defaults where defined; the body where called, rank-dependent if decorated so."""
         for expr in [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]:
             if expr is not None:
                 self.scan(expr, reason, tainted)
         inner: Optional[Reason] = None  # a function body runs where it is called, not where it is defined
         for decorator in node.decorator_list:
             if rank.last_name(decorator) in rank.RANK_DECORATORS:
-                inner = Reason("in a function decorated", f"@{_text(decorator)}", decorator.lineno)
-        self.block(node.body, inner, rank_names(node.body, _parameters(node), tainted, self))
+                inner = Reason("in a function decorated", f"@{_text(decorator)}", decorator.lineno, decorated=True)
+        names = rank_names(self.index.binders.get(id(node), ()), _parameters(node), tainted, self)
+        self.walk(node.body, inner, names)
 
-    def condition(self, test: ast.expr, reason: Optional[Reason], tainted: frozenset[str]) -> Optional[str]:
+    def condition(self, test: ast.expr, reason: Optional[Reason], tainted: Definitions) -> Optional[str]:
         """The test's text when it is rank-dependent (its own calls are checked on the path that evaluates it)."""
         self.scan(test, reason, tainted)
         return self.condition_text(test, tainted) if self.rank_dependent(test, tainted) else None
 
-    def condition_text(self, test: ast.expr, tainted: frozenset[str]) -> str:
+    def condition_text(self, test: ast.expr, tainted: Definitions) -> str:
         """A long `a and accelerator.is_main_process and b` reads `... and accelerator.is_main_process and ...`."""
         if len(ast.unparse(test)) <= _MAX_CONDITION or not isinstance(test, ast.BoolOp):
             return _text(test)
@@ -227,41 +321,54 @@ class _Walker:
         joined = (" and " if isinstance(test.op, ast.And) else " or ").join(kept)
         return joined if len(joined) <= _MAX_CONDITION else joined[: _MAX_CONDITION - 3] + "..."
 
-    def branch(self, node: ast.If, reason: Optional[Reason], tainted: frozenset[str]) -> None:
+    def reason(self, outer: Optional[Reason], where: str, text: str, test: ast.expr, tainted: Definitions) -> Reason:
+        membership = self.is_membership(test, tainted)
+        if outer is None:
+            return Reason(where, text, test.lineno, membership)
+        return outer.inner(where, text, test.lineno, membership)
+
+    def is_membership(self, test: ast.expr, tainted: Definitions) -> bool:
+        """`rank in ranks`, `rank not in ranks`, also inside `and`/`not`: the rank tested against a set."""
+        if isinstance(test, ast.BoolOp):
+            return any(self.is_membership(v, tainted) for v in test.values)
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            return self.is_membership(test.operand, tainted)
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+            return False
+        return isinstance(test.ops[0], (ast.In, ast.NotIn)) and self.rank_dependent(test.left, tainted)
+
+    def branch(self, node: ast.If, reason: Optional[Reason], tainted: Definitions) -> None:
         cond = self.condition(node.test, reason, tainted)
         if cond is None:
             self.block(node.body, reason, tainted)
             self.block(node.orelse, reason, tainted)
             return
-        outer = reason.exempt if reason else frozenset()
-        body_codes, else_codes = codes_in(node.body, self), codes_in(node.orelse, self)
-        self.block(node.body, Reason("under", f"if {cond}:", node.lineno, else_codes | outer), tainted)
-        self.block(node.orelse, Reason("in the else of", f"if {cond}:", node.lineno, body_codes | outer), tainted)
+        self.block(node.body, self.reason(reason, "under", f"if {cond}:", node.test, tainted), tainted)
+        self.block(node.orelse, self.reason(reason, "in the else of", f"if {cond}:", node.test, tainted), tainted)
 
     def loop(
-        self, node: Union[ast.While, ast.For, ast.AsyncFor], reason: Optional[Reason], tainted: frozenset[str]
+        self, node: Union[ast.While, ast.For, ast.AsyncFor], reason: Optional[Reason], tainted: Definitions
     ) -> None:
+        """`while <rank-dependent>:` and `for _ in range(<rank>):` make their body rank-dependent; `else` is not."""
         if isinstance(node, ast.While):
             cond = self.condition(node.test, reason, tainted)
-            text = f"while {cond}:"
+            text, head = f"while {cond}:", node.test
         else:
             self.scan(node.target, reason, tainted)
             cond = _text(node.iter) if self._rank_range(node.iter, tainted) else None
             self.scan(node.iter, reason, tainted)
-            text = f"for {_text(node.target)} in {cond}:"
-        inner = reason
-        if cond is not None:
-            inner = Reason("under", text, node.lineno, reason.exempt if reason else frozenset())
+            text, head = f"for {_text(node.target)} in {cond}:", node.iter
+        inner = reason if cond is None else self.reason(reason, "under", text, head, tainted)
         self.block(node.body, inner, tainted)
         self.block(node.orelse, reason, tainted)
 
-    def _rank_range(self, node: ast.expr, tainted: frozenset[str]) -> bool:
+    def _rank_range(self, node: ast.expr, tainted: Definitions) -> bool:
         """`range(accelerator.process_index)`: as many turns as the rank says."""
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"):
             return False
         return any(self.rank_dependent(arg, tainted) for arg in node.args)
 
-    def after(self, stmt: ast.stmt, reason: Optional[Reason], tainted: frozenset[str]) -> Optional[Reason]:
+    def after(self, stmt: ast.stmt, reason: Optional[Reason], tainted: Definitions) -> Optional[Reason]:
         """The reason for the rest of the block after `if <rank-dependent>: return`, or None."""
         if not isinstance(stmt, ast.If) or not self.rank_dependent(stmt.test, tainted):
             return None
@@ -270,45 +377,87 @@ class _Walker:
             return None  # neither branch leaves, or both do (the rest is unreachable)
         cond = self.condition_text(stmt.test, tainted)
         text = f"if {cond}: {body_exit}" if body_exit else f"if {cond}: ... else: {else_exit}"
-        exempt = codes_in(stmt.body if body_exit else stmt.orelse, self)
-        return Reason("after", text, stmt.lineno, exempt | (reason.exempt if reason else frozenset()))
+        return self.reason(reason, "after", text, stmt.test, tainted)
 
-    def scan(self, expr: ast.expr, reason: Optional[Reason], tainted: frozenset[str]) -> None:
+    def scan(self, expr: ast.expr, reason: Optional[Reason], tainted: Definitions) -> None:
         """Check every call in an expression (iteratively: long `a + b + ...` chains are deep trees)."""
+        if reason is None and not self.index.may_hold_if_exp(expr):
+            return  # no call here is on a rank-dependent path
         stack: list[tuple[ast.AST, Optional[Reason]]] = [(expr, reason)]
         while stack:
             node, why = stack.pop()
             if isinstance(node, ast.Lambda):
                 continue  # runs where it is called
             if isinstance(node, ast.IfExp) and self.rank_dependent(node.test, tainted):
-                outer = why.exempt if why else frozenset()
                 text = f"... if {_text(node.test)} else ..."
                 stack.append((node.test, why))
-                stack.append((node.body, Reason("under", text, node.lineno, codes_in([node.orelse], self) | outer)))
-                stack.append(
-                    (node.orelse, Reason("in the else of", text, node.lineno, codes_in([node.body], self) | outer))
-                )
+                stack.append((node.body, self.reason(why, "under", text, node.test, tainted)))
+                stack.append((node.orelse, self.reason(why, "in the else of", text, node.test, tainted)))
                 continue
             if isinstance(node, ast.Call) and why is not None:
-                self.report(node, why)
+                self.candidate(node, why)
             stack.extend((child, why) for child in ast.iter_child_nodes(node))
 
-    def report(self, call: ast.Call, reason: Reason) -> None:
+    def candidate(self, call: ast.Call, reason: Reason) -> None:
         code = self.code_of(call)
-        if code is None or code in reason.exempt:
+        if code is None:
             return
-        callee = _text(call.func)
-        if code == IN_ORDER:
-            what = f"`{callee}(..., in_order=True)` is an in_order log call"
+        if code == COLLECTIVE and reason.membership and any(k.arg == "group" for k in call.keywords):
+            return  # a group's collective under a membership test: only the members take part
+        self.candidates.append(_Candidate(call, code, reason, self.scope))
+
+
+_BARRIERS = {"wait_for_everyone": "barrier", "torch.distributed.barrier": "barrier"}
+
+
+def _code_of_kind(kind: str) -> Optional[str]:
+    if kind == "in_order":
+        return IN_ORDER
+    return {"collective": COLLECTIVE, "state": STATE}.get(kind.split(":", 1)[0])
+
+
+def _judge(walker: _Walker) -> Iterator[Finding]:
+    """The candidates the balancing rule keeps: per function and kind, and for AIF003 per backend."""
+    backend_names = paths.backend_names(walker.index.nodes) if walker.candidates else {}
+    groups: dict[tuple[int, str], list[_Candidate]] = {}
+    for cand in walker.candidates:
+        groups.setdefault((cand.scope, walker.kind_of(cand.call) or ""), []).append(cand)
+    for (scope, kind), cands in groups.items():
+        body, names = walker.scopes[scope]
+        ctx = paths.Context(walker.imports, names, backend_names)
+        counts = paths.counted({kind}, walker.kind_of)
+        if cands[0].code == STATE:
+            backends = [b for b in _BACKENDS if paths.balanced(body, ctx, counts, b) is False]
         else:
-            what = f"`{callee}()` is a collective"
-        message = f"{what} on a rank-dependent path: {reason.describe()}; every rank must reach it"
-        finding = Finding(call.lineno, call.col_offset + 1, code, message, reason.condition, reason.line)
-        self.findings.append(finding)
+            backends = list(_BACKENDS) if paths.balanced(body, ctx, counts) is False else []
+        for cand in cands:
+            if backends or cand.reason.decorated:
+                yield _finding(cand, backends or list(_BACKENDS))
 
 
-def check_tree(tree: ast.Module) -> list[Finding]:
-    """The findings of one parsed module, in source order."""
-    walker = _Walker(tree)
-    walker.block(tree.body, None, rank_names(tree.body, (), frozenset(), walker))
-    return sorted(walker.findings, key=lambda f: (f.line, f.col, f.code))
+def _finding(cand: _Candidate, backends: Sequence[str]) -> Finding:
+    """The finding's message: what the call is, why only some ranks reach it, and for AIF003 how to fix it."""
+    call, reason = cand.call, cand.reason
+    callee = _text(call.func)
+    where = f"on a rank-dependent path: {reason.describe()}"
+    if cand.code == IN_ORDER:
+        message = f"`{callee}(..., in_order=True)` is an in_order log call {where}; every rank must reach it"
+    elif cand.code == COLLECTIVE:
+        message = f"`{callee}()` is a collective {where}; every rank must reach it"
+    else:
+        names = dict(zip(_BACKENDS, rank.STATE_COLLECTIVES[rank.last_name(call) or ""]))
+        under = " and ".join(names[b] for b in backends)
+        covered = [names[b] for b in _BACKENDS if b not in backends]
+        lets = f" (the condition lets every rank through under {covered[0]} only)" if covered else ""
+        message = (
+            f"`{callee}()` is collective under {under}, {where}{lets}; "
+            "call it on every rank, and write files on the main process only"
+        )
+    return Finding(call.lineno, call.col_offset + 1, cand.code, message, reason.condition, reason.line)
+
+
+def check_tree(tree: ast.Module, lines: Optional[Sequence[str]] = None) -> list[Finding]:
+    """The findings of one parsed module, in source order; its source lines, if given, spare a full walk."""
+    walker = _Walker(tree, lines)
+    walker.walk(tree.body, None, rank_names(walker.index.binders.get(id(tree), ()), (), {}, walker))
+    return sorted(_judge(walker), key=lambda f: (f.line, f.col, f.code))
