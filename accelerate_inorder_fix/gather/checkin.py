@@ -91,7 +91,7 @@ class Call:
 
     @classmethod
     def parse(cls, marker: bytes) -> Optional[Call]:
-        site, _, k = marker.decode(errors="replace").rpartition("/")
+        site, _, k = marker.decode("utf-8", "replace").rpartition("/")
         return cls(site, int(k)) if site and k.isdigit() else None
 
 
@@ -297,7 +297,7 @@ class CheckIn:
     def _missing(self, call: Call) -> dict[int, str]:
         """The ranks not in `call`, each with its marker. A rank writes its marker before it counts
         itself, and stays in an undecided call: so these are exactly the ranks that have not come."""
-        return {q: m.decode(errors="replace") for q, m in self._markers().items() if m != call.marker}
+        return {q: m.decode("utf-8", "replace") for q, m in self._markers().items() if m != call.marker}
 
     def _absent(self, call: Call) -> dict[int, str]:
         """Absent ranks that have not checked in anywhere since they were named (a changed marker ends it;
@@ -306,7 +306,7 @@ class CheckIn:
             return {}
         still = {}
         for q, named in list(self.absent.items()):
-            now = self._peek(MARK + str(q)).decode(errors="replace")
+            now = self._peek(MARK + str(q)).decode("utf-8", "replace")
             if now == named and now != call.marker.decode():
                 still[q] = named
             else:
@@ -333,11 +333,11 @@ class CheckIn:
             other = Call.parse(marker)
             if other is None or other.site == call.site or not self._live(other):
                 continue
-            missing = {q: m.decode(errors="replace") for q, m in markers.items() if q not in here}
+            missing = {q: m.decode("utf-8", "replace") for q, m in markers.items() if q not in here}
             if self._first(call, here, other, there) == call:
                 return self._give_up(call, "cycle", missing, other)
             theirs = {q: call.marker.decode() for q in here}
-            theirs.update({q: m.decode(errors="replace") for q, m in markers.items() if q not in here | there})
+            theirs.update({q: m.decode("utf-8", "replace") for q, m in markers.items() if q not in here | there})
             self._give_up(other, "cycle", theirs, call)
         return None
 
