@@ -16,7 +16,8 @@ Before its every-rank call a rank other than the main process waits a little, ra
 block that is not whole or not in rank order shows in the output. Every record line ends with ` by=r<k>`, the rank of the
 process that wrote it (gather mode: r0). After each case a checked `all_reduce`, then `@@DONE case r<rank>`;
 `@@RESULT case r<rank> key=json` lines carry the main process's measurements: `in_calls`, the seconds
-it spent in its in_order calls, and `slow_calls`, how many of them took longer than half the timeout.
+it spent in its in_order calls (the every-rank ones include waiting out the others' stagger),
+`main_calls`, those in its main-only calls, and `slow_calls`, how many took longer than half the timeout.
 
 The package is imported explicitly (the test-suite keeps the start-up hook off). `ACCELERATE_INORDER_TIMEOUT`
 is the job's timeout (the tests use 2).
@@ -44,7 +45,7 @@ class Rank:
         self.index, self.size = state.process_index, state.num_processes
         self.timeout = float(os.environ.get("ACCELERATE_INORDER_TIMEOUT", "30"))
         self.slow_calls = 0
-        self.in_calls = 0.0
+        self.in_calls = self.main_calls = 0.0
 
     def result(self, case, key, value):
         say(f"@@RESULT {case} r{self.index} {key}={json.dumps(value)}")
@@ -57,12 +58,13 @@ class Rank:
         dist.all_reduce(value)
         return value.item()
 
-    def timed(self, call):
+    def timed(self, call, main_only=False):
         """Run one in_order call: add up its time; count it if it took longer than half the timeout."""
         start = time.monotonic()
         call()
         took = time.monotonic() - start
         self.in_calls += took
+        self.main_calls += took if main_only else 0.0
         if took > self.timeout / 2:
             self.slow_calls += 1
 
@@ -71,10 +73,11 @@ class Rank:
             time.sleep(STAGGER * (self.size - self.index))
 
     def measure(self, case, loop):
-        self.slow_calls, self.in_calls = 0, 0.0
+        self.slow_calls, self.in_calls, self.main_calls = 0, 0.0, 0.0
         loop()
         if self.index == 0:
             self.result(case, "in_calls", round(self.in_calls, 3))
+            self.result(case, "main_calls", round(self.main_calls, 3))
             self.result(case, "slow_calls", self.slow_calls)
 
 
@@ -85,7 +88,7 @@ def steps5(r):
     def loop():
         for step in range(1, 6):
             if r.state.is_main_process:
-                r.timed(lambda: r.log.info(f"steps5_main#{step} r{r.index}", in_order=True))
+                r.timed(lambda: r.log.info(f"steps5_main#{step} r{r.index}", in_order=True), main_only=True)
             r.stagger()
             r.timed(lambda: r.log.info(f"steps5_all#{step} r{r.index}", in_order=True))
             r.all_reduce_sum()
@@ -97,7 +100,7 @@ def steps20(r):
     def loop():
         for step in range(1, 21):
             if r.state.is_main_process:
-                r.timed(lambda: r.log.info(f"steps20_main#{step} r{r.index}", in_order=True))
+                r.timed(lambda: r.log.info(f"steps20_main#{step} r{r.index}", in_order=True), main_only=True)
             r.stagger()
             r.timed(lambda: r.log.info(f"steps20_all#{step} r{r.index}", in_order=True))
             r.all_reduce_sum()
@@ -111,7 +114,7 @@ def all_first5(r):
             r.stagger()
             r.timed(lambda: r.log.info(f"all_first5_all#{step} r{r.index}", in_order=True))
             if r.state.is_main_process:
-                r.timed(lambda: r.log.info(f"all_first5_main#{step} r{r.index}", in_order=True))
+                r.timed(lambda: r.log.info(f"all_first5_main#{step} r{r.index}", in_order=True), main_only=True)
             r.all_reduce_sum()
 
     r.measure("all_first5", loop)
@@ -123,7 +126,7 @@ def all_first20(r):
             r.stagger()
             r.timed(lambda: r.log.info(f"all_first20_all#{step} r{r.index}", in_order=True))
             if r.state.is_main_process:
-                r.timed(lambda: r.log.info(f"all_first20_main#{step} r{r.index}", in_order=True))
+                r.timed(lambda: r.log.info(f"all_first20_main#{step} r{r.index}", in_order=True), main_only=True)
             r.all_reduce_sum()
 
     r.measure("all_first20", loop)
@@ -133,7 +136,7 @@ def free5(r):
     def loop():
         for step in range(1, 6):
             if r.state.is_main_process:
-                r.timed(lambda: r.log.info(f"free5_main#{step} r{r.index}", in_order=True))
+                r.timed(lambda: r.log.info(f"free5_main#{step} r{r.index}", in_order=True), main_only=True)
             r.stagger()
             r.timed(lambda: r.log.info(f"free5_all#{step} r{r.index}", in_order=True))
 
