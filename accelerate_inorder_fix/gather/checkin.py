@@ -58,6 +58,7 @@ from .records import Site
 GO = b"go"
 SKIP = b"skip "
 MARK = "b/w/"  # + rank: the call the rank checked in at last ("<site>/<k>")
+SHORTEST_WAIT = 0.002  # seconds: a shorter wait is none (the store's timeouts are whole milliseconds)
 _UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
 Store = Any  # a c10d Store (or PrefixStore), or the explorer's in-memory one
@@ -269,7 +270,7 @@ class CheckIn:
         """
         while True:
             remaining = deadline - self.clock()
-            if remaining > 0:
+            if remaining >= SHORTEST_WAIT:  # c10d reads a wait under 1 ms as 0: no timeout at all
                 try:
                     self.store.wait([key], datetime.timedelta(seconds=remaining))
                 except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
@@ -278,7 +279,7 @@ class CheckIn:
                     remaining = 0
             if self.store.check([key]):
                 return bytes(self.store.get(key))
-            if remaining <= 0:
+            if remaining < SHORTEST_WAIT:
                 return None
 
     def _peek(self, key: str) -> bytes:

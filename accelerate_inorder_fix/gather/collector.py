@@ -9,7 +9,7 @@ later calls are counted one lower: each of its later records goes out in the blo
 
 For its own call `identity`, the main process takes each other rank's queue in order until it finds
 that rank's record of `identity`, or the deadline passes. Records met on the way belong elsewhere:
-- to a call already closed (they came late): emitted at once, as a block of their own;
+- to a call the main process has made already (they came late): emitted at once, as a block of their own;
 - to a call the main process has not made (yet): kept, used when it makes it, flushed at exit.
 Then the block goes out in rank order, followed, if ranks are missing, by one warning naming them.
 
@@ -20,9 +20,14 @@ a few store round trips, not a few per rank.
 Emitting never raises and never stops a block: a handler or filter of the main process that raises
 loses that one record (one warning on stderr), as it would on the barrier path.
 
-Only the main process waits, and only for a bounded time. A rank that missed a deadline is "absent":
-the next calls do not wait for it (a crashed rank costs one timeout, not one per call) but still take
-whatever it sent; it is waited for again as soon as one of its records arrives in time.
+Only the main process waits, and only for a bounded time, and absence is kept per call site. A rank
+that missed a deadline at site S is "absent" there: later calls at S do not wait for it (a call only the
+main process makes costs one timeout for its site in all, not one per call), but still take whatever
+it sent; it is waited for at S again as soon as a record of it for S arrives, in time or late. At
+every other site it is waited for as before, so the blocks of the calls it does make go out whole, in
+rank order. A rank of which nothing at all has arrived since it missed a deadline is also "quiet"
+(it may have died): other sites wait for it only `GRACE` x the timeout in all, then not at all until
+a record of it arrives, so a dead rank costs at most 1.25 timeouts in all, not one per site.
 """
 
 from __future__ import annotations
@@ -36,11 +41,15 @@ from .._diagnostics import warn_once
 from . import copies as _copies
 from . import records as _records
 from .copies import BlockEntry
-from .records import Identity
+from .records import Identity, Site
 from .transport import Taken
 
 
 Block = dict[int, BlockEntry]  # one call's entries, by rank
+GRACE = 0.25  # x the timeout: how long in all a rank that went quiet is waited for at other call sites
+# The shortest wait asked of the store: c10d rounds a wait down to whole milliseconds, and 0 ms is its
+# "no timeout" (a wait of 0.4 ms would never end).
+SHORTEST_WAIT = 0.002
 
 
 @runtime_checkable
@@ -83,10 +92,13 @@ def describe(identity: Identity) -> str:
 class Collector:
     """The main process's side of gather mode: one block per in_order call, in rank order.
 
-    State:
+    State (each bounded by the number of call sites and ranks, whatever the number of calls):
     - `pending`: identity -> `Block`, records of calls the main process has not made yet (first seen first);
-    - `closed`: identities whose block went out incomplete (a record of one that comes later goes alone);
-    - `absent`: ranks that missed a deadline, not waited for until one of their records arrives in time.
+    - `made`: site -> the main process's last call there (a record of a call it made already came late);
+    - `absent`: site -> ranks that missed a call there, not waited for there until a record of theirs
+      for that site arrives;
+    - `quiet`: rank -> seconds of grace left, for a rank that missed a deadline and of which nothing has
+      arrived since: waited for elsewhere only that long in all, then not at all until a record comes.
 
     A block entry (`copies.BlockEntry`) is a `LogRecord`, a `DeferredRecord` (a delta copy of the call,
     made into a record when the block goes out), or None (the rank's empty marker: nothing to print).
@@ -98,8 +110,10 @@ class Collector:
         self.timeout = timeout
         self.warn = warn
         self.pending: dict[Identity, Block] = {}
-        self.closed: set[Identity] = set()
-        self.absent: set[int] = set()
+        self.made: dict[Site, int] = {}
+        self.absent: dict[Site, set[int]] = {}
+        self.quiet: dict[int, float] = {}
+        self._heard: set[int] = set()  # ranks with a record taken during the current call
 
     # -- reading the queues -----------------------------------------------------------------
 
@@ -113,13 +127,20 @@ class Collector:
             self.warn(f"{text} and counted as rank {rank}'s empty record of the call at {describe(current)}")
             item = current, None
         identity, record = item
+        self._hear(rank, identity[0])
         if identity == current:
             block[rank] = record
-        elif identity in self.closed:
+        elif identity[1] <= self.made.get(identity[0], 0):
             if record is not None:
                 self._emit(rank, _copies.build(record))  # late: its block is out, so it goes alone, not into another
         else:
             self.pending.setdefault(identity, {})[rank] = record
+
+    def _hear(self, rank: int, site: Site) -> None:
+        """A record of `rank` for `site` arrived: it is not quiet, nor absent there, any more."""
+        self._heard.add(rank)
+        self.quiet.pop(rank, None)
+        self.absent.get(site, set()).discard(rank)
 
     def _take_what_arrived(self, rank: int, current: Optional[Identity], block: Block) -> None:
         """Take what `rank` has sent, without waiting, until its record of `current` is found."""
@@ -144,25 +165,45 @@ class Collector:
         if failure is not None:
             raise failure
 
-    def _waitable(self, block: Block) -> list[int]:
-        """The ranks whose record for this block is still to come (those known absent are not waited for)."""
-        return [r for r in range(self.world_size) if r not in block and r not in self.absent]
+    def _until(self, rank: int, start: float) -> float:
+        """Until when `rank` is waited for in a call that started at `start` (a quiet rank: its grace left)."""
+        return start + min(self.timeout, self.quiet.get(rank, self.timeout))
+
+    def _waitable(self, block: Block, site: Site, start: float, now: float) -> list[int]:
+        """The ranks whose record for this block is still to come and still waited for at `now`."""
+        absent = self.absent.get(site, set())
+        return [
+            r
+            for r in range(self.world_size)
+            if r not in block and r not in absent and self._until(r, start) - now >= SHORTEST_WAIT
+        ]
 
     def _collect(self, identity: Identity, block: Block) -> None:
-        deadline = time.monotonic() + self.timeout
-        self._take_from_slots(self._waitable(block), identity, block)  # what is in the slot already: no wait
+        start = time.monotonic()
+        site = identity[0]
+        self._take_from_slots(self._waitable(block, site, start, start), identity, block)  # no wait
+        given_up: set[int] = set()  # a failed wait gives up the ranks whose time ran out, so no loop spins
         while True:
-            waitable = self._waitable(block)
+            now = time.monotonic()
+            waitable = [r for r in self._waitable(block, site, start, now) if r not in given_up]
             if not waitable:
                 break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.inbox.wait(waitable, remaining):
-                break
-            self._take_after_wait(waitable, identity, block)
-        # Deadline passed (or only absent ranks are left): whatever has arrived, without waiting.
+            until = min(self._until(r, start) for r in waitable)
+            if self.inbox.wait(waitable, until - now):
+                self._take_after_wait(waitable, identity, block)
+            else:
+                given_up.update(r for r in waitable if self._until(r, start) <= until)
+        # Deadline passed (or only ranks not waited for are left): whatever has arrived, without waiting.
         for rank in [r for r in range(self.world_size) if r not in block]:
             self._take_what_arrived(rank, identity, block)
+        self._spend_grace(site, time.monotonic() - start)
         self.inbox.settle()
+
+    def _spend_grace(self, site: Site, waited: float) -> None:
+        """Quiet ranks this call waited for (all but those absent at `site`) have `waited` less grace."""
+        absent = self.absent.get(site, set())
+        for rank in [r for r in self.quiet if r not in absent]:
+            self.quiet[rank] = max(0.0, self.quiet[rank] - waited)
 
     # -- one call ---------------------------------------------------------------------------
 
@@ -170,24 +211,38 @@ class Collector:
         """The main process's own call `identity` (`own`: its record, or None): collect its block, emit it."""
         block: Block = {0: own}
         block.update(self.pending.pop(identity, {}))
+        self._heard = set()
         try:
             self._collect(identity, block)
         except Exception as exc:  # the store went away: what was collected still goes out
             self.warn(f"in_order call at {describe(identity)}: could not read the other ranks' records ({exc!r})")
         self.pending.pop(identity, None)
+        site, count = identity
+        self.made[site] = max(count, self.made.get(site, 0))
         self._emit_block(block)
+        for rank in block:
+            self._hear(rank, site)
         missing = [r for r in range(self.world_size) if r not in block]
-        self.absent.difference_update(block)
         if missing:
-            self.closed.add(identity)
-            if not self.absent.issuperset(missing):
-                self.warn(
-                    f"in_order call at {describe(identity)}: no record from rank(s) "
-                    f"{', '.join(map(str, missing))} within {self.timeout:g} s (ACCELERATE_INORDER_TIMEOUT); "
-                    "the other ranks' records are above, in rank order. A record that arrives later is "
-                    "emitted on its own."
-                )
-            self.absent.update(missing)
+            self._missed(identity, missing)
+
+    def _missed(self, identity: Identity, missing: list[int]) -> None:
+        """`missing` missed the call `identity`: absent at its site; quiet if nothing of theirs came meanwhile.
+
+        One warning, when a rank among them was waited for a whole timeout (not absent there, not quiet).
+        """
+        absent = self.absent.setdefault(identity[0], set())
+        if any(r not in absent and r not in self.quiet for r in missing):
+            self.warn(
+                f"in_order call at {describe(identity)}: no record from rank(s) "
+                f"{', '.join(map(str, missing))} within {self.timeout:g} s (ACCELERATE_INORDER_TIMEOUT); "
+                "the other ranks' records are above, in rank order. A record that arrives later is "
+                "emitted on its own."
+            )
+        absent.update(missing)
+        for rank in missing:
+            if rank not in self._heard:
+                self.quiet.setdefault(rank, GRACE * self.timeout)
 
     def _emit(self, rank: int, record: logging.LogRecord) -> None:
         """Hand one record to the main process's handlers; a handler that raises loses only this one."""
