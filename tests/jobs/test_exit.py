@@ -62,8 +62,12 @@ def _launch_one(patched, mode, ending, switch):
     env = dict(os.environ, ACCELERATE_INORDER_MODE=mode, ACCELERATE_INORDER_TIMEOUT="10", OMP_NUM_THREADS="1")
     env["ACCELERATE_INORDER_FIX"] = "on" if patched == "1" else "0"
     env["PYTHONPATH"] = os.pathsep.join([accelerate_dir(VERSION), str(REPO)])
-    cmd = _launch.launch_command([SCRIPT, patched, ending, switch], NPROC, launcher="accelerate")
-    return _launch.run(cmd, env=env, timeout=120)
+    for _attempt in range(2):  # a port taken between picking and binding it: once more, on another
+        cmd = _launch.launch_command([SCRIPT, patched, ending, switch], NPROC, launcher="accelerate")
+        job = _launch.run(cmd, env=env, timeout=120)
+        if job.returncode == 0 or "address already in use" not in job.stderr.lower():
+            break
+    return job
 
 
 def _writers(job):
@@ -100,10 +104,10 @@ def _check_run(name, job):
 def aborts():
     """{variant: number of runs that aborted at exit}: RUNS launches of each, interleaved."""
     counts = dict.fromkeys(VARIANTS, 0)
-    for _ in range(RUNS):
+    for round_ in range(1, RUNS + 1):
         for name, (_group, patched, mode, ending, switch) in VARIANTS.items():
             counts[name] += _check_run(name, _launch_one(patched, mode, ending, switch))
-    print(f"\naborts at exit, of {RUNS} runs each: {counts}")
+        print(f"\naborts at exit after {round_} of {RUNS} rounds: {counts}", flush=True)
     return counts
 
 
