@@ -38,10 +38,10 @@ import threading
 from typing import Any, Optional
 
 from .._diagnostics import warn_once
-from ..config import Settings
+from ..config import SETTINGS, Settings
 from . import checkin as _checkin
 from . import collector as _collector
-from . import records, transport
+from . import records, teardown, transport
 from .records import Identity, Site
 
 
@@ -128,6 +128,7 @@ class GatherSession:
             return own
         self._store = store
         atexit.register(self.close)
+        teardown.on_destroy(self.release)
         rank = state.process_index
         try:
             if state.is_main_process:
@@ -166,8 +167,10 @@ class GatherSession:
             inbox = transport.Inbox(self._store, state.num_processes)
             self._collector = _collector.Collector(inbox, state.num_processes, settings.timeout(), self._warning)
         else:
+            # The clean-up thread's own connection; without one (no `Store.clone`), no thread.
+            cleanup = transport.cleanup_store(settings.timeout())
             self._outbox = transport.Outbox(
-                self._store, state.process_index, cleanup_store=transport.process_group_store()
+                self._store, state.process_index, background=cleanup is not None, cleanup_store=cleanup
             )
         self._settings = settings
         self._usable = True
@@ -268,12 +271,28 @@ class GatherSession:
             except Exception as exc:
                 warn_once(("gather-emit", type(exc)), f"a log record could not be emitted: {exc!r}")
 
+    def release(self) -> None:
+        """Stop and join this process's background store threads; they must not outlive the job's teardown.
+
+        Called before the default process group is destroyed (`teardown`) and at exit (`close`). A
+        thread still inside a store call when the interpreter finalizes aborts the process (issue 24,
+        `transport.Cleaner`). Each wait is bounded by the store connection's timeout; the session
+        itself stays usable (a later gather-mode post is delivered, not cleaned up).
+        """
+        bound = SETTINGS.timeout() + 5.0
+        with self.lock:  # no in_order call meanwhile: nothing new is handed to a thread
+            if self._outbox is not None and not self._outbox.close(bound):
+                _warn(f"the in_order clean-up thread did not stop within {bound:g} s; the process may abort at exit")
+
     def close(self) -> None:
-        """At exit. Main process: emit what was delivered, seal the queues. Every rank: drop our side.
+        """At exit. Main process: emit what was delivered, seal the queues. Every rank: stop our threads, drop our side.
 
         Done here, while the store's server is certainly up, rather than at interpreter teardown, so
-        our connection stays out of the launcher's shutdown.
+        our connection stays out of the launcher's shutdown. Registered at the first in_order call, it
+        runs before the exit handlers registered earlier (torch's, accelerate's), and every exit
+        handler runs before the interpreter finalizes.
         """
+        self.release()
         with self.lock:
             if self._collector is not None:
                 try:

@@ -26,7 +26,7 @@ one key all ranks share, and the main process reads that one slot per call. Who 
                                      r/n ... <-------------- multi_get([r/n, ...])  (copies unusable)
                                                              emit the block in rank order
                                      read    <-------------- every PUBLISH_EVERY calls: set(read, marks)
-    clean-up thread (Cleaner), every CLEAN_EVERY posts, on the process group's connection:
+    clean-up thread (Cleaner), every CLEAN_EVERY posts, on a connection of its own:
     check(read), get(read) ---------> read
     delete_key(r/k), k < r's mark -> r/k: gone
                                                              at exit (Collector.flush -> Inbox.seal),
@@ -44,8 +44,11 @@ The invariants, each with the test that guards it (unit tests in tests/unit, job
   `PUBLISH_EVERY` calls (test_collector.py::test_main_process_deletes_only_the_slot_it_read_and_publishes_rarely).
 - A rank deletes only its own records below the main process's mark
   (test_collector.py::test_rank_deletes_only_what_the_main_process_has_read), in its clean-up thread, so no
-  post waits for a delete (test_copies.py::test_a_rank_cleans_up_off_its_post), on the process group's
-  connection (test_copies.py::test_a_rank_cleans_up_on_the_process_groups_connection_not_its_posts_one).
+  post waits for a delete (test_copies.py::test_a_rank_cleans_up_off_its_post), on a connection of its
+  own, never the process group's (test_copies.py::test_a_rank_cleans_up_on_a_connection_of_its_own_not_its_posts_one).
+- The clean-up thread is stopped and joined before the process group is destroyed and at exit: no
+  thread of ours is inside a store call when the interpreter finalizes
+  (test_copies.py::test_a_stopped_clean_up_thread_has_ended_and_deletes_no_more; tests/jobs/test_exit.py).
 - The store holds, per rank, what the main process had not read at the rank's last clean-up plus at
   most `CLEAN_EVERY + PUBLISH_EVERY` records, and at most `SLOTS` slots, whatever the number of calls
   (test_collector.py::test_store_size_stays_bounded_whatever_the_number_of_calls;
@@ -96,43 +99,57 @@ _UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values
 
 
 def open_store(timeout: float) -> tuple[Optional[Store], Optional[str]]:
-    """`(store, None)` for this job, or `(None, reason)` when it has no c10d store to use."""
+    """`(store, None)` for this job, or `(None, reason)` when it has no c10d store to use.
+
+    The store is a connection of our own when this torch can clone one (`Store.clone`, torch 2.8+): a
+    bounded wait here never holds the client lock the process group's own store traffic needs, and
+    its timeout can be ours without touching theirs. Otherwise it is the process group's connection.
+    """
     try:
         import torch.distributed as dist
-        from torch.distributed import distributed_c10d
     except ImportError as exc:
         return None, f"torch.distributed is not available ({exc})"
     if not dist.is_available() or not dist.is_initialized():
         return None, "torch.distributed has no default process group"
-    try:
-        store: Store = distributed_c10d._get_default_store()  # `clone` is not in every torch's stubs
-    except (RuntimeError, ValueError, AttributeError) as exc:
-        return None, f"the process group has no c10d store ({exc})"
-    try:
-        # A connection of our own: a bounded wait here never holds the client lock the process
-        # group's own store traffic needs, and its timeout can be ours without touching theirs.
-        own = store.clone()
-    except (RuntimeError, AttributeError):
-        own = None
-    if own is not None:
-        own.set_timeout(datetime.timedelta(seconds=timeout + 5.0))
-        store = own
-    return dist.PrefixStore(PREFIX, store), None  # type: ignore[attr-defined]
+    store = _default_store()
+    if store is None:
+        return None, "the process group has no c10d store"
+    return dist.PrefixStore(PREFIX, _own_connection(store, timeout) or store), None  # type: ignore[attr-defined]
 
 
-def process_group_store() -> Optional[Store]:
-    """The process group's own store connection, prefixed as ours; None when there is none.
+def cleanup_store(timeout: float) -> Optional[Store]:
+    """One more connection of our own, prefixed, for a rank's clean-up thread; None when torch cannot clone.
 
-    A rank's clean-up deletes there. A delete never waits, so it may share that connection; on our own,
-    each would hold up the rank's next post for a round trip (a client takes one call at a time), and
-    one more connection per rank would cost the master's store server a file descriptor per rank.
+    A background thread never uses the process group's connection: at `destroy_process_group` or at
+    exit it would still be in a store call on it (see `Cleaner.stop`). Without a connection of its
+    own, a rank cleans up on its post path instead (`Outbox(background=False)`).
     """
-    try:
-        from torch.distributed import PrefixStore, distributed_c10d  # type: ignore[attr-defined]
+    store = _default_store()
+    own = None if store is None else _own_connection(store, timeout)
+    if own is None:
+        return None
+    from torch.distributed import PrefixStore  # type: ignore[attr-defined]
 
-        return PrefixStore(PREFIX, distributed_c10d._get_default_store())
+    return PrefixStore(PREFIX, own)
+
+
+def _default_store() -> Optional[Store]:
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
     except (ImportError, RuntimeError, ValueError, AttributeError):
         return None
+
+
+def _own_connection(store: Store, timeout: float) -> Optional[Store]:
+    """A new client connection to `store`'s server, its timeout ours (bounded); None without `clone`."""
+    try:
+        own = store.clone()  # `clone` is not in every torch's stubs
+    except (RuntimeError, AttributeError):
+        return None
+    own.set_timeout(datetime.timedelta(seconds=timeout + 5.0))
+    return own
 
 
 def key(rank: int, n: int) -> str:
@@ -156,7 +173,13 @@ class Cleaner:
 
     Deleting what the main process has read costs a round trip per record; done inside `post`, every
     eighth post of a rank would take several times as long as the others. The thread deletes on the
-    outbox's `cleanup_store`, and only ever the rank's own keys.
+    outbox's `cleanup_store` (a connection of its own), and only ever the rank's own keys.
+
+    `stop` ends it for good and joins it: `GatherSession.release` calls it before the process group is
+    destroyed and at exit. A thread still inside a store call when the interpreter finalizes dies
+    there: on taking the GIL back after the call, CPython ends the thread (`pthread_exit`), the forced
+    unwind meets the destructor of pybind11's `gil_scoped_release` (noexcept), and the process aborts
+    ("terminate called without an active exception", SIGABRT): issue 24.
     """
 
     def __init__(self, outbox: Outbox) -> None:
@@ -164,10 +187,18 @@ class Cleaner:
         self._changed = threading.Condition()
         self._wanted = 0  # clean up to this many posts: asked for
         self._done = 0  # and done
+        self._stopping = False
         self._thread: Optional[threading.Thread] = None
+
+    @property
+    def stopping(self) -> bool:
+        """True once `stop` was called: no clean-up starts, and one under way ends after its current delete."""
+        return self._stopping
 
     def request(self, sent: int) -> None:
         with self._changed:
+            if self._stopping:  # the job is ending: what is left in the store goes with it
+                return
             self._wanted = max(self._wanted, sent)
             self._changed.notify_all()
             if self._thread is None:
@@ -179,10 +210,27 @@ class Cleaner:
         with self._changed:
             return self._changed.wait_for(lambda: self._done >= self._wanted, timeout)
 
+    def stop(self, timeout: float) -> bool:
+        """End the thread for good and wait up to `timeout` s for it; True when it is not running.
+
+        The thread finishes the store call it is in (one delete, bounded by its connection's timeout)
+        and starts no other.
+        """
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+            thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
     def _run(self) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._wanted > self._done)
+                self._changed.wait_for(lambda: self._stopping or self._wanted > self._done)
+                if self._stopping:
+                    return
                 sent = self._wanted
             try:
                 self._outbox.clean(sent)
@@ -206,7 +254,7 @@ class Outbox:
         background: bool = True,
         cleanup_store: Optional[Store] = None,
     ) -> None:
-        """`cleanup_store`: where `clean` deletes (`process_group_store()` in a job); `store` if None."""
+        """`cleanup_store`: where `clean` deletes (`cleanup_store()` in a job); `store` if None."""
         self.store = store
         self.rank = rank
         self.clean_every = clean_every
@@ -249,9 +297,16 @@ class Outbox:
         if not self.published:
             return
         read = min(read_mark(store.get(READ_KEY), self.rank), sent)
+        cleaner = self.cleaner
         for n in range(self.cleaned, read):
+            if cleaner is not None and cleaner.stopping:
+                return
             store.delete_key(key(self.rank, n))
-        self.cleaned = max(self.cleaned, read)
+            self.cleaned = n + 1
+
+    def close(self, timeout: float) -> bool:
+        """Stop the clean-up thread, waiting up to `timeout` s for it; True when none is running."""
+        return self.cleaner is None or self.cleaner.stop(timeout)
 
 
 class Inbox:

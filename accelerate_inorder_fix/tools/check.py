@@ -104,6 +104,12 @@ def judge_all(names: list[str], nproc: int, job: Job) -> dict[str, Outcome]:
         outcomes[name] = judge(name, nproc, job)
         if scenarios.done_ranks(job.lines, name) != set(range(nproc)):
             blocked = name
+    if names and blocked is None and job.killed is None and job.returncode != 0:
+        # Every rank finished every scenario, then the job failed: at exit. Not hidden behind "ordered".
+        aborted = "terminate called without an active exception" in job.stderr
+        tail = job.stderr.strip().splitlines()[-1:] or ["no error output"]
+        detail = "a rank aborted at interpreter exit (SIGABRT)" if aborted else tail[0]
+        outcomes[names[-1]] = Outcome(f"crashed at exit (exit {job.returncode})", detail)
     return outcomes
 
 

@@ -36,6 +36,17 @@ def test_a_deadlock_in_the_patched_job_marks_the_rest_not_reached():
     assert [o.word for o in outcomes.values()] == ["ordered", "deadlock (all ranks stuck)", "not reached"]
 
 
+def test_a_patched_job_that_aborts_at_exit_is_not_reported_ordered():
+    """Every rank finished every scenario, then a rank aborted at exit (issue 24): `check` says so."""
+    lines = _lines("default", 2) + _lines("all_processes", 2)
+    stderr = "terminate called without an active exception\n...\nChildFailedError: ... (SIGABRT)"
+    outcomes = _check.judge_all(["default", "all_processes"], 2, Job(lines, stderr, 1, None, 5.0))
+    assert [(o.word, o.ok) for o in outcomes.values()] == [("ordered", True), ("crashed at exit (exit 1)", False)]
+    assert outcomes["all_processes"].detail == "a rank aborted at interpreter exit (SIGABRT)"
+    clean = _check.judge_all(["default", "all_processes"], 2, Job(lines, "", 0, None, 5.0))
+    assert [o.word for o in clean.values()] == ["ordered", "ordered"]
+
+
 def test_exit_code_follows_the_patched_column_only(capsys):
     args = argparse.Namespace(nproc=2, verbose=False)
     bad, good = _check.Outcome("deadlock (all ranks stuck)", "x"), _check.Outcome("ordered", ok=True)

@@ -111,6 +111,33 @@ def test_a_rank_cleans_up_off_its_post():
     assert transport.key(1, 2) in store.data and transport.key(1, 3) in store.data
 
 
+def test_a_stopped_clean_up_thread_has_ended_and_deletes_no_more():
+    """`stop` (before destroy_process_group and at exit) ends the thread after the delete it is in: no
+    thread of ours is left inside a store call when the interpreter finalizes (issue 24)."""
+    store = FakeStore()
+    outbox = transport.Outbox(store, 1, clean_every=2)
+    inbox = transport.Inbox(store, 2, publish_every=1)
+    for n in range(4):
+        outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
+        inbox.take_many([1])
+    assert outbox.cleaner.idle(10) and outbox.cleaned == 0  # nothing read yet when it looked
+    inbox.publish()  # the main process has read 4
+    inside, held, real_delete = threading.Event(), threading.Event(), store.delete_key
+    store.delete_key = lambda key: (inside.set(), held.wait(10), real_delete(key))[-1]
+    for n in range(4, 6):  # the second asks for the clean-up of 6 records; its first delete is held
+        outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
+    assert inside.wait(10)
+    thread = outbox.cleaner._thread
+    assert not outbox.close(0.2) and thread.is_alive()  # still in its store call: not released yet
+    held.set()
+    assert outbox.close(10) and not thread.is_alive()
+    assert outbox.cleaned == 1  # the delete it was in, and no other
+    for n in range(6, 10):  # later posts are delivered; nothing restarts the thread
+        assert outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
+    assert outbox.cleaner._thread is thread and outbox.cleaned == 1
+    assert transport.Outbox(store, 2).close(0)  # never started: nothing to wait for
+
+
 class _Connection:
     """One connection to a shared store: which calls went through it."""
 
@@ -122,7 +149,7 @@ class _Connection:
         return getattr(self._store, name)
 
 
-def test_a_rank_cleans_up_on_the_process_groups_connection_not_its_posts_one():
+def test_a_rank_cleans_up_on_a_connection_of_its_own_not_its_posts_one():
     store = FakeStore()
     posts, cleanup = _Connection(store), _Connection(store)
     outbox = transport.Outbox(posts, 1, clean_every=2, background=False, cleanup_store=cleanup)
