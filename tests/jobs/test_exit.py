@@ -4,7 +4,7 @@ The job (scripts/train_exit.py) is a user's DDP loop in `main()`, launched with 
 --multi_gpu --num_processes 4`: an in_order loss line per step, `save_state`, one more in_order line,
 then an ending. Before the fix, a rank aborted at interpreter exit ("terminate called without an active
 exception", SIGABRT, launcher exit 1) in most gather- and barrier-mode runs: a daemon thread of ours
-(gather mode's clean-up, barrier mode's check-in janitor) was inside a c10d store call when the
+(gather mode's clean-up, barrier mode's former check-in janitor, since removed) was inside a c10d store call when the
 interpreter finalized; on taking the GIL back CPython ends the thread, and the forced unwind through
 pybind11's noexcept `gil_scoped_release` destructor calls std::terminate.
 
