@@ -70,11 +70,15 @@ def _say_skipped(side: _checkin.CheckIn, site: Site, verdict: _checkin.Verdict, 
             f"in_order call at {where}: rank(s) {named} had not made it and were waiting at another in_order call "
             f"({verdict.other}) for the ranks here; given up halfway through the wait so that one could go on; {tail}"
         )
+    elif verdict.why == "absent":
+        text = (
+            f"in_order call at {where}: rank(s) {named} had not made it, missing since an earlier in_order call "
+            f"and not back within half of ACCELERATE_INORDER_TIMEOUT ({timeout:g} s) in all; {tail}."
+        )
     else:
         text = (
             f"in_order call at {where}: rank(s) {named} did not make it within {timeout:g} s "
-            f"(ACCELERATE_INORDER_TIMEOUT){' and had made no in_order call since they were last missed' if verdict.why == 'absent' else ''}"
-            f"; {tail}. An in_order call is collective: every rank must make it."
+            f"(ACCELERATE_INORDER_TIMEOUT); {tail}. An in_order call is collective: every rank must make it."
         )
     warn_once(("checkin", site), text)
 
