@@ -63,7 +63,7 @@ LINE = (
 )
 
 
-# What the hook did in this process; read by `accelerate_inorder_fix.startup.status()`.
+# What the hook did in this process; read by `accelerate_inorder_fix.hook_status.status()`.
 #   armed: the real finder was installed; fired: accelerate.logging loaded while armed;
 #   imported_package: the hook (not user code) imported the package; error: the one line reported.
 state = {"armed": False, "fired": False, "imported_package": False, "error": None}

@@ -2,7 +2,7 @@
 
 import sys
 
-from .tools.cli import main
+from .cli.main import main
 
 
 sys.exit(main())

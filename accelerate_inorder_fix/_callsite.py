@@ -30,6 +30,10 @@ from typing import Any, Callable
 from ._upstream import UpstreamBody
 
 
+Site = tuple[str, str, int]  # (file name, function, line) of the user's in_order call
+Identity = tuple[Site, int]  # a call: its site, and how many times this rank has called from there
+
+
 _getframe: Callable[[int], Any] = sys._getframe  # the seam: frame 1 is the caller of the function that calls it
 # Our wrapper's code (every wrapper made shares it), kept alive, and looked up by id: hashing a code
 # object hashes its bytecode, microseconds on every call.
@@ -108,7 +112,7 @@ def _is_adapter_frame(filename: str) -> bool:
     return filename == logging.__file__ or filename.endswith(_ACCELERATE_LOGGING)
 
 
-def call_site(body: UpstreamBody) -> tuple[str, str, int]:
+def call_site(body: UpstreamBody) -> Site:
     """(file name, function, line) of the user's code that called the logger: the same on every rank.
 
     Only the call's identity across ranks; the record's own caller info comes from the logger.

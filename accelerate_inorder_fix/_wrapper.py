@@ -19,11 +19,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import _callsite
+from ._callsite import Site
 from ._diagnostics import warn_once
 from ._upstream import UpstreamBody
 from .config import SETTINGS, Settings
 from .gather import GATHER, GatherSession
-from .gather.records import Site
 
 
 def _emit(adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

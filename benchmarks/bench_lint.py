@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from accelerate_inorder_fix.tools.lint import CODES, check_file, report
+from accelerate_inorder_fix.cli.lint import CODES, check_file, report
 
 
 def measure(path: str) -> tuple[int, float, float, float, list[str]]:

@@ -1,7 +1,7 @@
 """Shared test helpers: where the accelerate releases live, and how a test launches a real job.
 
 `scripts/setup.sh` installs each release under `.cache/accelerate/<version>`; a job that should run
-against a release gets that folder first on PYTHONPATH. Every job runs under `accelerate_inorder_fix.tools.launch.run`, which
+against a release gets that folder first on PYTHONPATH. Every job runs under `accelerate_inorder_fix.cli.launch.run`, which
 kills the job's whole process tree on a stall or at its hard deadline.
 
 The test venv is an install of this package, so its start-up hook would patch every Python process
@@ -136,7 +136,7 @@ def two_nodes(script_args, env, tmp_path, node_env=("", ""), timeout=120.0):
     `node_env`: a `NAME=value ` prefix for each node's command. Each node's stdout and stderr go to files.
     Returns (the job, [each node's stdout lines], [each node's stderr]).
     """
-    from accelerate_inorder_fix.tools import launch as _launch
+    from accelerate_inorder_fix.cli import launch as _launch
 
     port = _launch.free_port()
     parts = []

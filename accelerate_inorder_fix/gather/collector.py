@@ -37,11 +37,11 @@ import time
 from collections.abc import Iterable
 from typing import Callable, Optional, Protocol, runtime_checkable
 
+from .._callsite import Identity, Site
 from .._diagnostics import warn_once
 from . import copies as _copies
 from . import records as _records
 from .copies import BlockEntry
-from .records import Identity, Site
 from .transport import Taken
 
 

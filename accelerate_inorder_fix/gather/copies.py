@@ -25,8 +25,8 @@ import logging
 import operator
 from typing import Any, NamedTuple, Optional, Union, cast
 
+from .._callsite import Identity, Site
 from . import records
-from .records import Identity, Site
 
 
 _DYNAMIC = [records.FIELDS.index(name) for name in ("msg", "created", "msecs", "relativeCreated")]

@@ -20,11 +20,7 @@ import logging
 import threading
 from typing import Any, Optional, Union
 
-from .._callsite import counted_from_here
-
-
-Site = tuple[str, str, int]  # (file name, function, line) of the user's in_order call
-Identity = tuple[Site, int]  # a call: its site, and how many times this rank has called from there
+from .._callsite import Identity, counted_from_here
 
 
 # The wire format's version: a main process refuses payloads of any other (nodes must run one release).

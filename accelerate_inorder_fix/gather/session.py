@@ -37,12 +37,13 @@ import os
 import threading
 from typing import Any, Optional
 
+from .._callsite import Identity, Site
 from .._diagnostics import warn_once
+from ..barrier import checkin as _checkin
 from ..config import SETTINGS, Settings
-from . import checkin as _checkin
+from ..store import teardown
 from . import collector as _collector
-from . import records, teardown, transport
-from .records import Identity, Site
+from . import records, transport
 
 
 def _warn(text: str) -> None:
@@ -100,7 +101,7 @@ class GatherSession:
         self._checkin: Optional[_checkin.CheckIn] = None
         self._settings: Any = None
         self._logger_name = "root"
-        self._counts: collections.Counter[records.Site] = collections.Counter()
+        self._counts: collections.Counter[Site] = collections.Counter()
         self._main_gone = False
         self._pid: Optional[int] = None  # the process that opened the store connection
         self._settings_timeout = 30.0  # the timeout the store was opened with

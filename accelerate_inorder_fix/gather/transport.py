@@ -73,10 +73,10 @@ import struct
 import threading
 from typing import Any, Optional, Union
 
+from .._callsite import Identity
 from .._diagnostics import warn_once
 from . import copies, records
 from .copies import PLACE, RANK, BlockEntry, CopyLine
-from .records import Identity
 
 
 # A c10d store (torch's `Store`, a `PrefixStore` over one, or a test double): typed loosely, since

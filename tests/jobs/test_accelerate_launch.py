@@ -6,8 +6,8 @@
 import pytest
 from conftest import accelerate_dir
 
-from accelerate_inorder_fix.tools import launch as _launch
-from accelerate_inorder_fix.tools import scenarios
+from accelerate_inorder_fix.cli import launch as _launch
+from accelerate_inorder_fix.cli import scenarios
 
 
 NAMES = ["default", "rank_levels", "exception"]

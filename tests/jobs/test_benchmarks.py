@@ -8,7 +8,7 @@ import re
 
 from conftest import LATEST, REPO, accelerate_dir
 
-from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.cli import launch as _launch
 
 
 TIME_BOUND = 120.0

@@ -18,7 +18,7 @@ import uuid
 import pytest
 from conftest import REPO, accelerate_dir
 
-from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.cli import launch as _launch
 
 
 TEST_MARKER_ENV = "AIF_CLI_TEST_ID"
@@ -110,7 +110,7 @@ def test_status_without_accelerate_or_torch_says_so():
     # Blocking the imports is what a machine without them looks like to the CLI.
     code = (
         "import sys; sys.modules['accelerate'] = sys.modules['torch'] = None\n"
-        "from accelerate_inorder_fix.tools.cli import main; sys.exit(main(['status']))"
+        "from accelerate_inorder_fix.cli.main import main; sys.exit(main(['status']))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], env=_env("1.15.0"), capture_output=True, text=True, timeout=60
@@ -181,7 +181,7 @@ def test_bad_arguments_exit_2_with_a_plain_error(args, words):
 def test_console_script_points_at_main():
     tomllib = pytest.importorskip("tomllib")
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"accelerate-inorder-fix": "accelerate_inorder_fix.tools.cli:main"}
+    assert scripts == {"accelerate-inorder-fix": "accelerate_inorder_fix.cli.main:main"}
 
 
 # --- check --------------------------------------------------------------------------------------

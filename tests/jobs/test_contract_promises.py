@@ -20,7 +20,7 @@ import sys
 import pytest
 from conftest import RELEASES, REPO, SCRIPTS, accelerate_dir, run_python
 
-from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.cli import launch as _launch
 
 
 SCRIPT = str(SCRIPTS / "promise_ranks.py")

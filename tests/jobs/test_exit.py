@@ -34,7 +34,7 @@ import re
 import pytest
 from conftest import REPO, SCRIPTS, accelerate_dir
 
-from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.cli import launch as _launch
 
 
 SCRIPT = str(SCRIPTS / "train_exit.py")

@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import REPO, SCRIPTS, accelerate_dir, run_python, two_nodes
 
-from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.cli import launch as _launch
 
 
 SCRIPT = str(SCRIPTS / "fault_ranks.py")

@@ -14,7 +14,7 @@ import re
 
 from conftest import REPO, SCRIPTS, accelerate_dir
 
-from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.cli import launch as _launch
 
 
 SCRIPT = SCRIPTS / "main_only_loop.py"

@@ -15,8 +15,8 @@ import sys
 import pytest
 from conftest import REPO, SCRIPTS, accelerate_dir
 
-from accelerate_inorder_fix.tools import launch as _launch
-from accelerate_inorder_fix.tools import scenarios
+from accelerate_inorder_fix.cli import launch as _launch
+from accelerate_inorder_fix.cli import scenarios
 
 
 FAULT_TIMEOUT = 3.0  # ACCELERATE_INORDER_TIMEOUT in the fault jobs: short, so the tests are too

@@ -7,8 +7,8 @@ import re
 
 from conftest import LATEST, REPO, SCRIPTS, accelerate_dir
 
+from accelerate_inorder_fix.cli import launch as _launch
 from accelerate_inorder_fix.gather import transport
-from accelerate_inorder_fix.tools import launch as _launch
 
 
 NPROC, CALLS = 16, 64

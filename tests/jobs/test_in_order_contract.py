@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import RELEASES, accelerate_dir, release_line
 
-from accelerate_inorder_fix.tools import launch as _launch
-from accelerate_inorder_fix.tools import scenarios
+from accelerate_inorder_fix.cli import launch as _launch
+from accelerate_inorder_fix.cli import scenarios
 
 
 NAMES = list(scenarios.SCENARIOS)

@@ -37,7 +37,7 @@ def test_wheel_carries_the_hook_py_typed_the_license_and_the_bench(dists):
         "_accelerate_inorder_fix_startup.pth",
         "_accelerate_inorder_fix_startup.py",
         "accelerate_inorder_fix/py.typed",
-        "accelerate_inorder_fix/tools/bench.py",
+        "accelerate_inorder_fix/cli/bench.py",
     } <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), sorted(names)
     assert not any(n.startswith(("tests/", "benchmarks/")) for n in names)
@@ -84,7 +84,7 @@ def test_bench_runs_from_a_wheel_install(wheel_venv, tmp_path):
         [
             str(wheel_venv / "bin" / "python"),
             "-c",
-            "import accelerate_inorder_fix.tools.bench as b; print(b.__file__)",
+            "import accelerate_inorder_fix.cli.bench as b; print(b.__file__)",
         ],
         cwd=tmp_path,
         env=env,
@@ -92,4 +92,4 @@ def test_bench_runs_from_a_wheel_install(wheel_venv, tmp_path):
         text=True,
         timeout=60,
     )
-    assert Path(where.stdout.strip()).parent == site / "accelerate_inorder_fix" / "tools", where.stderr
+    assert Path(where.stdout.strip()).parent == site / "accelerate_inorder_fix" / "cli", where.stderr

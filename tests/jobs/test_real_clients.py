@@ -16,7 +16,7 @@ from conftest import SCRIPTS, accelerate_dir
 from test_faults import expect, records
 from test_startup_hook import clean_env
 
-from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.cli import launch as _launch
 
 
 TRAIN = str(SCRIPTS / "train_loop.py")

@@ -15,7 +15,7 @@ import re
 
 from conftest import REPO, SCRIPTS, accelerate_dir
 
-from accelerate_inorder_fix.tools import launch as _launch
+from accelerate_inorder_fix.cli import launch as _launch
 
 
 NPROC = 4

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, accelerate_dir, make_venv, pip, site_packages
 
-from accelerate_inorder_fix.tools import launch as _launch
-from accelerate_inorder_fix.tools import scenarios
+from accelerate_inorder_fix.cli import launch as _launch
+from accelerate_inorder_fix.cli import scenarios
 
 
 HOOK_FILES = {"_accelerate_inorder_fix_startup.pth", "_accelerate_inorder_fix_startup.py"}
@@ -127,7 +127,7 @@ def test_patched_before_the_first_log_call(wheel_venv, first_import):
         "import sys\n"
         "aif = sys.modules.get('accelerate_inorder_fix')\n"
         "assert aif is not None and aif.is_patched(), 'not patched right after the import'\n"
-        "from accelerate_inorder_fix import startup\n"
+        "from accelerate_inorder_fix import hook_status as startup\n"
         "print(startup.patched_by())\n"
     )
     out = run_py(wheel_venv, code, clean_env("1.15.0"))
@@ -269,10 +269,10 @@ def test_sitecustomize_route(bare_venv, wheel, tmp_path):
     assert run_py(bare_venv, code, env).stdout.strip() == "False"
 
     line = run_py(
-        bare_venv, "from accelerate_inorder_fix import startup; startup.main(['--print-sitecustomize'])", env
+        bare_venv, "from accelerate_inorder_fix import hook_status as startup; startup.main(['--print-sitecustomize'])", env
     )
     (target / "sitecustomize.py").write_text(line.stdout)
-    code = "import accelerate, sys\nfrom accelerate_inorder_fix import startup\nprint(startup.patched_by())\n"
+    code = "import accelerate, sys\nfrom accelerate_inorder_fix import hook_status as startup\nprint(startup.patched_by())\n"
     out = run_py(bare_venv, code, env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "start-up hook"

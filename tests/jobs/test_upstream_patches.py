@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 from conftest import CACHE, RELEASES, REPO, accelerate_dir, release_line
 
-from accelerate_inorder_fix.tools import launch as _launch
-from accelerate_inorder_fix.tools import scenarios
+from accelerate_inorder_fix.cli import launch as _launch
+from accelerate_inorder_fix.cli import scenarios
 
 
 PATCHES = REPO / "patches"

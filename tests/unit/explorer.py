@@ -41,7 +41,7 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from accelerate_inorder_fix import _wrapper  # noqa: E402
-from accelerate_inorder_fix.gather import checkin  # noqa: E402
+from accelerate_inorder_fix.barrier import checkin  # noqa: E402
 
 
 T = 10.0  # the timeout, in virtual seconds

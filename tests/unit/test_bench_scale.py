@@ -1,5 +1,5 @@
-"""`bench scale`: how the CLI reaches it, that the package measures only its own protocol, and that the
-old protocol kept in benchmarks/ (outside the package) is a faithful reference (pure logic)."""
+"""The store-scale simulator (benchmarks/bench_scale.py, outside the wheel): the CLI points there, the package
+never imports it, and the old protocol it keeps is a faithful reference (pure logic)."""
 
 import ast
 import dataclasses
@@ -9,26 +9,24 @@ from pathlib import Path
 import pytest
 from fake_store import FakeStore
 
+from accelerate_inorder_fix.cli import main
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import copies, transport
-from accelerate_inorder_fix.tools import bench_scale, cli
-from benchmarks import bench_scale as developer_bench
+from benchmarks import bench_scale
 
 
 PACKAGE = Path(__file__).resolve().parents[2] / "accelerate_inorder_fix"
 
 
 @pytest.mark.parametrize("argv", [["bench", "scale", "--ranks", "8"], ["bench", "--scale", "--ranks", "8"]])
-def test_cli_bench_scale_reaches_the_scale_benchmark(monkeypatch, argv):
-    seen = []
-    monkeypatch.setattr(bench_scale, "main", lambda args: seen.append(args) or {"results": []})
-    assert cli.main(argv) == cli.EXIT_OK
-    assert seen == [["--ranks", "8"]]
+def test_cli_bench_scale_says_where_the_simulator_went(capsys, argv):
+    assert main.main(argv) == main.EXIT_USAGE
+    assert "python benchmarks/bench_scale.py" in capsys.readouterr().err
 
 
-def test_the_installed_benchmark_measures_only_the_current_protocol():
-    assert list(bench_scale.PROTOCOLS) == ["new"]
-    assert list(developer_bench.PROTOCOLS) == ["new", "old"]
+def test_the_simulator_measures_the_current_protocol_beside_the_old():
+    assert list(bench_scale.PROTOCOLS) == ["new", "old"]
+    assert not list(PACKAGE.rglob("bench_scale.py"))
 
 
 def test_the_package_never_imports_the_developer_benchmarks():
@@ -50,8 +48,8 @@ def test_legacy_protocol_gives_the_same_blocks_one_round_trip_per_step_per_rank(
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())
     logger.handlers[:] = [handler]
-    collector = _collector.Collector(developer_bench.LegacyInbox(store, world_size), world_size, 1.0, pytest.fail)
-    outboxes = [(r, developer_bench.LegacyOutbox(store, r)) for r in range(1, world_size)]
+    collector = _collector.Collector(bench_scale.LegacyInbox(store, world_size), world_size, 1.0, pytest.fail)
+    outboxes = [(r, bench_scale.LegacyOutbox(store, r)) for r in range(1, world_size)]
     bench_scale._post_calls(outboxes, 1, 2)
     for count in (1, 2):
         collector.emit_call((bench_scale.SITE, count), bench_scale._record(count, 0))
@@ -121,5 +119,5 @@ def test_per_record_figures_are_measured():
 
 def test_the_store_inbox_and_the_old_one_implement_the_collectors_inbox_protocol():
     assert isinstance(transport.Inbox(FakeStore(), 4), _collector.Inbox)
-    assert isinstance(developer_bench.LegacyInbox(FakeStore(), 4), _collector.Inbox)
+    assert isinstance(bench_scale.LegacyInbox(FakeStore(), 4), _collector.Inbox)
     assert not isinstance(object(), _collector.Inbox)

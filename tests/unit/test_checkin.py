@@ -9,7 +9,7 @@ prove the same outcomes on real jobs, a real TCPStore and real accelerate releas
 import pytest
 from explorer import MUTATIONS, SITES, Script, T, draw, explore, main, mutated, run
 
-from accelerate_inorder_fix.gather import checkin
+from accelerate_inorder_fix.barrier import checkin
 
 
 SCHEDULES = 2000

@@ -2,10 +2,11 @@
 
 import argparse
 
-from accelerate_inorder_fix.tools import bench, cli, scenarios
-from accelerate_inorder_fix.tools import check as _check
-from accelerate_inorder_fix.tools import launch as _launch
-from accelerate_inorder_fix.tools.launch import Job
+from accelerate_inorder_fix.cli import bench, scenarios
+from accelerate_inorder_fix.cli import check as _check
+from accelerate_inorder_fix.cli import launch as _launch
+from accelerate_inorder_fix.cli import main as cli
+from accelerate_inorder_fix.cli.launch import Job
 
 
 def _lines(name, ranks, order=None):

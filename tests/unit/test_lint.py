@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from accelerate_inorder_fix.tools import lint
+from accelerate_inorder_fix.cli import lint
 
 
 HEADER = """\
@@ -362,7 +362,7 @@ def test_the_command_runs_and_imports_neither_torch_nor_accelerate(tmp_path):
     imported = {
         line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")
     }
-    assert "accelerate_inorder_fix.tools.lint.walker" in imported  # -X importtime saw the lint load
+    assert "accelerate_inorder_fix.cli.lint.walker" in imported  # -X importtime saw the lint load
     assert not {m.split(".")[0] for m in imported} & {"torch", "accelerate"}
     usage = _cli([], cwd=repo)
     assert usage.returncode == 2 and "PATH" in usage.stderr

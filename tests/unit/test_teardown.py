@@ -11,7 +11,7 @@ import pytest
 torch_distributed = pytest.importorskip("torch.distributed")
 from torch.distributed import distributed_c10d  # noqa: E402
 
-from accelerate_inorder_fix.gather import teardown  # noqa: E402
+from accelerate_inorder_fix.store import teardown  # noqa: E402
 
 
 @pytest.fixture

@@ -68,8 +68,8 @@ def test_typed_public_api():
     import typing
 
     import accelerate_inorder_fix as fix
-    from accelerate_inorder_fix import startup
-    from accelerate_inorder_fix.tools import cli
+    from accelerate_inorder_fix import hook_status as startup
+    from accelerate_inorder_fix.cli import main as cli
 
     assert (REPO / "accelerate_inorder_fix" / "py.typed").is_file()
     for func in (fix.patch, fix.unpatch, fix.is_patched, fix.configure, startup.status, cli.main):

@@ -176,7 +176,8 @@ def late_first(r):
 def _junk(r, case, key_of, log_one):
     """Outcome e: the last rank, late, writes junk into a check-in key of call 1 while the others wait, then
     makes the call itself."""
-    from accelerate_inorder_fix.gather import checkin, transport
+    from accelerate_inorder_fix.barrier import checkin
+    from accelerate_inorder_fix.gather import transport
 
     if r.index == r.size - 1:
         time.sleep(_timeout() / 3)

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any
 
-from .. import __version__, _upstream, startup
+from .. import __version__, _upstream, hook_status
 from .. import config as _config
 from .._patcher import is_patched
 from ..config import SETTINGS
@@ -70,7 +70,7 @@ def startup_hook_facts() -> dict[str, Any]:
     `active`: installed and not switched off, so new processes here get the patch at start-up.
     """
     try:
-        report = dict(startup.status())
+        report = dict(hook_status.status())
     except Exception as exc:
         return {"available": True, "error": f"the start-up hook could not be queried: {exc!r}"}
     installed = bool(report.get("hook_installed"))

@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .records import Site
+from .._callsite import Site
 
 
 GO = b"go"

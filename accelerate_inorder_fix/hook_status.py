@@ -3,8 +3,8 @@
 The hook itself lives in the top-level module `_accelerate_inorder_fix_startup` (it must load without
 this package); this module only reports on it, for people and for the `status` command:
 
-    python -m accelerate_inorder_fix.startup                       # status of this environment
-    python -m accelerate_inorder_fix.startup --print-sitecustomize # the line for sitecustomize.py
+    python -m accelerate_inorder_fix.hook_status                       # status of this environment
+    python -m accelerate_inorder_fix.hook_status --print-sitecustomize # the line for sitecustomize.py
 
 The `sitecustomize` route is for interpreters that do not read the site-packages `.pth` files, e.g.
 a package installed with `pip install --target DIR` and found through `PYTHONPATH`: append the printed
@@ -94,13 +94,13 @@ def status() -> dict[str, Any]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m accelerate_inorder_fix.startup [--print-sitecustomize]`."""
+    """`python -m accelerate_inorder_fix.hook_status [--print-sitecustomize]`."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args == ["--print-sitecustomize"]:
         print(sitecustomize_line())
         return 0
     if args:
-        print("usage: python -m accelerate_inorder_fix.startup [--print-sitecustomize]", file=sys.stderr)
+        print("usage: python -m accelerate_inorder_fix.hook_status [--print-sitecustomize]", file=sys.stderr)
         return 2
     for key, value in status().items():
         print(f"{key}: {value}")

@@ -2,7 +2,7 @@
 
     status   what is installed, and whether a process here gets the fix
     check    run the in_order scenarios on real CPU ranks, without and with the fix
-    bench    time the two in_order modes (barrier, gather); `bench scale`: gather mode at up to 1,024 ranks
+    bench    time the two in_order modes (barrier, gather) beside upstream
     lint     find in_order calls and collectives that only some ranks reach, before the job runs
 
 Exit codes: 0 success; 1 the check found a problem with the fix, or could not run (`lint`: found
@@ -111,9 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "bench",
         help="time in_order logging in barrier and gather mode",
-        description="Run the gather-mode benchmark and print its table. Any other argument goes to the "
-        "benchmark itself (`bench -- --help` shows them). `bench scale` (or `bench --scale`) runs the "
-        "scale benchmark instead: gather mode at up to 1,024 simulated ranks (`bench scale -- --help`).",
+        description="Run the benchmark of both modes beside upstream and print its table. Any other argument "
+        "goes to the benchmark itself (`bench -- --help` shows them). Gather mode at up to 1,024 simulated "
+        "ranks is a repository script: python benchmarks/bench_scale.py.",
     )
     lint = commands.add_parser(
         "lint",
@@ -250,16 +250,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     result: Any
-    if argv[:1] == ["scale"] or "--scale" in argv:  # gather mode at 8..1,024 simulated ranks
-        from . import bench_scale
+    if argv[:1] == ["scale"] or "--scale" in argv:  # moved out of the wheel: say where it went
+        print(
+            "accelerate-inorder-fix: error: `bench scale` moved to the repository: "
+            "python benchmarks/bench_scale.py --ranks 8,64 (in a checkout)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    from . import bench
 
-        argv = [a for a in argv[argv[:1] == ["scale"] :] if a != "--scale"]
-        argv = argv[1:] if argv[:1] == ["--"] else argv
-        result = bench_scale.main(argv)
-    else:
-        from . import bench
-
-        result = bench.main(argv)
+    result = bench.main(argv)
     # main() prints its own table; what it returns is either an exit code or its raw results.
     if isinstance(result, int) and not isinstance(result, bool):
         return result

@@ -1,0 +1,1 @@
+"""The job's c10d store, as both modes use it."""
