@@ -26,6 +26,16 @@ import os
 import sys
 
 
+# Types for mypy only: importing `typing` would cost every interpreter's start-up (mypy reads any
+# `TYPE_CHECKING` as true), and the annotations below are strings, never evaluated.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any, Optional
+
+
 SWITCH_ENV = "ACCELERATE_INORDER_FIX"
 STARTUP_ENV = "ACCELERATE_INORDER_FIX_STARTUP"
 OFF_WORDS = ("0", "off", "false", "no")
@@ -66,7 +76,7 @@ LINE = (
 # What the hook did in this process; read by `accelerate_inorder_fix.hook_status.status()`.
 #   armed: the real finder was installed; fired: accelerate.logging loaded while armed;
 #   imported_package: the hook (not user code) imported the package; error: the one line reported.
-state = {"armed": False, "fired": False, "imported_package": False, "error": None}
+state: "dict[str, object]" = {"armed": False, "fired": False, "imported_package": False, "error": None}
 
 
 def switch() -> str:
@@ -92,7 +102,7 @@ def line_armed() -> bool:
     return any(hasattr(f, MARK) for f in sys.meta_path)
 
 
-def _report(what, exc):
+def _report(what: str, exc: BaseException) -> None:
     # The single stderr line of a failed hook; the process goes on unpatched.
     line = f"accelerate-inorder-fix: start-up hook {what} ({type(exc).__name__}: {exc}); this process runs unpatched"
     state["error"] = line  # kept even when there is no stderr to write to (pythonw, closed fd)
@@ -103,15 +113,15 @@ def _report(what, exc):
             return
 
 
-def _drop_line_finders():
+def _drop_line_finders() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not hasattr(f, MARK)]
 
 
-def _disarm():
+def _disarm() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if f is not _FINDER and not hasattr(f, MARK)]
 
 
-def _patch_now():
+def _patch_now() -> None:
     # accelerate.logging is loaded: hand over to the package, which patches on import.
     _disarm()
     state["fired"] = True
@@ -132,17 +142,17 @@ class _PatchAfterExec:
     `importlib.reload` never see this class.
     """
 
-    def __init__(self, real):
+    def __init__(self, real: "Any") -> None:
         self._real = real
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> "Any":
         return getattr(self._real, name)
 
-    def create_module(self, spec):
+    def create_module(self, spec: "ModuleSpec") -> "Optional[ModuleType]":
         create = getattr(self._real, "create_module", None)
         return create(spec) if create is not None else None
 
-    def exec_module(self, module):
+    def exec_module(self, module: "ModuleType") -> None:
         try:
             self._real.exec_module(module)
         finally:
@@ -166,14 +176,16 @@ class _Finder:
 
     _busy = False
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self, fullname: str, path: "Optional[Sequence[str]]" = None, target: "Optional[ModuleType]" = None
+    ) -> "Optional[ModuleSpec]":
         if fullname != TARGET or self._busy:
             return None
         self._busy = True
         try:
             spec = self._real_spec(fullname, path, target)
             if spec is not None and hasattr(spec.loader, "exec_module"):
-                spec.loader = _PatchAfterExec(spec.loader)
+                spec.loader = _PatchAfterExec(spec.loader)  # type: ignore[assignment]  # a Loader by duck typing
             return spec
         except Exception as exc:
             # Our own failure must not change the import: step aside, and the ordinary finders
@@ -184,25 +196,27 @@ class _Finder:
         finally:
             self._busy = False
 
-    def _real_spec(self, fullname, path, target):
+    def _real_spec(
+        self, fullname: str, path: "Optional[Sequence[str]]", target: "Optional[ModuleType]"
+    ) -> "Optional[ModuleSpec]":
         index = next((i for i, f in enumerate(sys.meta_path) if f is self), -1)
         for finder in sys.meta_path[index + 1 :]:
             find = getattr(finder, "find_spec", None)
             if find is None:  # a legacy find_module-only finder: out of scope since Python 3.4
                 continue
-            spec = find(fullname, path, target)
+            spec: "Optional[ModuleSpec]" = find(fullname, path, target)
             if spec is not None:
                 return spec
         return None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<accelerate-inorder-fix start-up hook for {TARGET}>"
 
 
 _FINDER = _Finder()
 
 
-def install():
+def install() -> bool:
     """Arm the hook in this process: the real finder, first on `sys.meta_path`. Idempotent; never raises.
 
     The line's finder calls it (through `take_over()`) when accelerate.logging is first looked for;
@@ -227,7 +241,9 @@ def install():
         return False
 
 
-def take_over(fullname=None, path=None, target=None):
+def take_over(
+    fullname: "Optional[str]" = None, path: "Optional[Sequence[str]]" = None, target: "Optional[ModuleType]" = None
+) -> "Optional[ModuleSpec]":
     """Called by the line's finder for accelerate.logging: arm the real finder, and answer with it.
 
     When a switch is off, the line's finder is taken off and accelerate is left alone.
@@ -240,7 +256,7 @@ def take_over(fullname=None, path=None, target=None):
     return _FINDER.find_spec(fullname, path, target)
 
 
-def uninstall():
+def uninstall() -> None:
     """Disarm the hook in this process (a patch already applied stays: `accelerate_inorder_fix.unpatch()`)."""
     _disarm()
     state["armed"] = False

@@ -9,8 +9,10 @@ that every rank enters, whatever it will print: records come out in rank order a
 `ACCELERATE_INORDER_FIX=0` turns the automatic patch off; `patch()`, `unpatch()` and `is_patched()`
 control it explicitly; `configure(mode=..., timeout=...)` picks the in_order mode.
 
-Layers, each importing only those below it: `tools/` (command line, scenarios, benchmarks) ->
-`_patcher` -> `_wrapper` -> `gather/` -> `config`, `_callsite`, `_upstream`, `_diagnostics`.
+Layers, each importing only those below it (import-linter checks them): `cli/` (the command line) ->
+`hook_status` -> `_patcher` -> `_wrapper` (the patched log) -> `session` (the mode, call counts) ->
+`barrier/` | `gather/` (the two modes) -> `store/` (the job's c10d store) -> `config`, `_callsite` ->
+`_upstream`, `_diagnostics`.
 """
 
 __version__ = "0.2.0.dev0"

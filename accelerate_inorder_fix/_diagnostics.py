@@ -38,6 +38,11 @@ class Diagnostics:
             return False
         return True
 
+    def reset(self) -> None:
+        """Forget what was said (tests: each starts with a process that has said nothing)."""
+        with self._lock:
+            self._said.clear()
+
 
 DIAGNOSTICS = Diagnostics()
 

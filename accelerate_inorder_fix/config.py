@@ -122,7 +122,7 @@ class Settings:
         return self._mode or self._from_env(MODE_ENV, parse_mode, DEFAULT_MODE)
 
     def timeout(self) -> float:
-        """Seconds a gather-mode wait may last."""
+        """Seconds any in_order wait may last, in both modes (the mode agreement, the check-in, the collection)."""
         return self._timeout or self._from_env(TIMEOUT_ENV, parse_timeout, DEFAULT_TIMEOUT)
 
     def _source(self, override: object, name: str, parse: Callable[[str], Any]) -> str:

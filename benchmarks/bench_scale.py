@@ -6,7 +6,7 @@ client connections of a real `TCPStore`:
 
 - the server runs in a process of its own on 127.0.0.1, as torchrun's rendezvous store does;
 - ranks 2..N-1 post from `--procs` processes x `--threads` threads (one store connection per thread),
-  through the package's own rank-side code (`records.encode` + `transport.Outbox.post`, as
+  through the package's own rank-side code (`records.encode` + `queues.Outbox.post`, as
   `GatherSession._post` calls them: record, copy in the shared slot, background clean-up on a second
   connection, as the process group's);
 - rank 1 posts from a process of its own (its own heap and connection, as a real rank), and each of
@@ -18,7 +18,7 @@ client connections of a real `TCPStore`:
 Two arrivals (`--arrival`, both by default):
 
 - `preposted`, the floor: each round, every rank posts `--calls` calls' records and its clean-ups
-  settle; then the main process makes those calls, timed. Only the main process's own work is timed:
+  have run; then the main process makes those calls, timed. Only the main process's own work is timed:
   the arrival path (`wait`, a second slot read, `multi_get`) never runs.
 - `concurrent`, as in a training step: the steps of a round start every `--step-ms` ms, and in each
   step every rank, the main process included, reaches the call at a time drawn uniformly from
@@ -64,7 +64,8 @@ from multiprocessing.connection import Connection
 from typing import IO, Any, Callable, Optional
 
 from accelerate_inorder_fix.gather import collector as _collector
-from accelerate_inorder_fix.gather import copies, records, transport
+from accelerate_inorder_fix.gather import copies, queues, records
+from accelerate_inorder_fix.store import connection
 
 
 SITE = ("bench_scale.py", "train_step", 42)
@@ -155,7 +156,7 @@ def _post_on_schedule(
         _post(share[index][1], rank, count, timings)
 
 
-def _settle(shares: list[Share]) -> None:
+def _wait_for_cleanups(shares: list[Share]) -> None:
     """Until these ranks' clean-ups have run: in a real job they run on the ranks' own CPUs, not the main's."""
     for share in shares:
         for _, outbox in share:
@@ -209,21 +210,21 @@ def _poster(conn: Connection, port: int, threads: int) -> None:
             conn.send("done")
         elif kind == "post":  # (post, tag, first count, calls): all ranks' records, now
             _in_threads(runs[command[1]], _post_now, command[2], command[3])
-            _settle(runs[command[1]])
+            _wait_for_cleanups(runs[command[1]])
             conn.send("done")
         elif kind == "schedule":  # (schedule, tag, Schedule, calls): each record at its rank's time
             late = _in_threads(runs[command[1]], _post_on_schedule, command[2], command[3])
-            _settle(runs[command[1]])
+            _wait_for_cleanups(runs[command[1]])
             conn.send(late)
         elif kind == "timed":  # (timed, tag, first count, calls): this thread, each post timed
             timings: list[float] = []
             _post_calls(runs[command[1]][0], command[2], command[3], timings)
-            _settle(runs[command[1]])
+            _wait_for_cleanups(runs[command[1]])
             conn.send(timings)
         elif kind == "timed_schedule":  # (timed_schedule, tag, Schedule, calls)
             timings = []
             _post_on_schedule(runs[command[1]][0], command[2], command[3], [], timings)
-            _settle(runs[command[1]])
+            _wait_for_cleanups(runs[command[1]])
             conn.send(timings)
         elif kind == "burst":  # (burst, number): rank 1's posts back to back, two clean-up connections
             conn.send(
@@ -245,13 +246,13 @@ def _burst(connection: Any, cleanup_connection: Any, number: int, tag: str) -> d
     """
     import torch.distributed as dist
 
-    prefix = f"burst-{tag}/{transport.PREFIX}"
+    prefix = f"burst-{tag}/{connection.PREFIX}"
     store = dist.PrefixStore(prefix, connection)  # type: ignore[attr-defined]
-    marks = transport.Inbox(store, 2)
+    marks = queues.StoreInbox(store, 2)
     marks.cursor[1] = 2**62
     marks.publish()  # the main process's read marks: it has read all of rank 1's records
     cleanup_store = dist.PrefixStore(prefix, cleanup_connection)  # type: ignore[attr-defined]
-    outbox = transport.Outbox(store, 1, cleanup_store=cleanup_store)
+    outbox = queues.Outbox(store, 1, cleanup_store=cleanup_store)
     timings: list[float] = []
     for count in range(1, number + 1):
         record = _record(count, 1)
@@ -369,10 +370,10 @@ def per_record(number: int = 2000) -> dict[str, float]:
     """Microseconds one record costs the main process outside the store: decoding it, emitting it.
 
     Decoding from the rank's key (`records.from_bytes`) and from a delta copy in the shared slot (what a
-    call's records usually are), the copy parsed with the others of its slot, as `transport` does.
+    call's records usually are), the copy parsed with the others of its slot, as `queues` does.
     """
     payload = records.to_bytes((SITE, 1), _record(1, 2))
-    copier, reader = copies.Copier(2, refresh=transport.SLOTS), copies.CopyReader()
+    copier, reader = copies.Copier(2, refresh=queues.SLOTS), copies.CopyReader()
     reader.decode(2, copies.parse_slot(copier.line(0, *records.encode((SITE, 1), _record(1, 2))), 3)[0])
     delta = copier.line(1, *records.encode((SITE, 2), _record(2, 2)))
     record = records.from_bytes(payload)[1]
@@ -441,7 +442,7 @@ class Run:
         self.arrival = arrival
         self.args = args
         self.tag = f"{protocol}-{arrival}-{ranks}"
-        prefix = f"{self.tag}/{transport.PREFIX}"
+        prefix = f"{self.tag}/{connection.PREFIX}"
         self.raw = _connect(cluster.port)
         self.keys_before = self.raw.num_keys()
         self.store = _Timed(_connect(cluster.port, prefix))
@@ -719,7 +720,7 @@ class LegacyOutbox:
         self.sent = 0
 
     def post(self, payload: bytes, document: Any = None) -> bool:
-        self.store.set(transport.key(self.rank, self.sent), payload)
+        self.store.set(queues.key(self.rank, self.sent), payload)
         self.sent += 1
         return True
 
@@ -727,7 +728,7 @@ class LegacyOutbox:
 class LegacyInbox:
     """The main process's side before batching: per rank a wait or check, a get and a delete.
 
-    Implements the collector's `Inbox` protocol (`accelerate_inorder_fix.gather.collector.Inbox`).
+    Implements the collector's `RecordSource` protocol (`accelerate_inorder_fix.gather.collector.RecordSource`).
     """
 
     def __init__(self, store: Any, world_size: int) -> None:
@@ -735,7 +736,7 @@ class LegacyInbox:
         self.cursor = [0] * world_size
 
     def _next_key(self, rank: int) -> str:
-        return transport.key(rank, self.cursor[rank])
+        return queues.key(rank, self.cursor[rank])
 
     def wait(self, ranks: list[int], seconds: float) -> bool:
         try:
@@ -760,14 +761,14 @@ class LegacyInbox:
     def take_copied(self, ranks: list[int], current: Any, into: Any) -> list[Any]:
         return []  # no shared slots then
 
-    def settle(self) -> None:
+    def end_call(self) -> None:
         pass
 
     def seal(self, rank: int) -> list[Any]:
         return []
 
 
-PROTOCOLS: Protocols = {"new": (transport.Inbox, transport.Outbox), "old": (LegacyInbox, LegacyOutbox)}
+PROTOCOLS: Protocols = {"new": (queues.StoreInbox, queues.Outbox), "old": (LegacyInbox, LegacyOutbox)}
 
 
 if __name__ == "__main__":

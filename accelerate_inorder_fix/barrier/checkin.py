@@ -50,18 +50,15 @@ import datetime
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from .._callsite import Site
+from ..store.connection import SHORTEST_WAIT, Store, peek
 
 
 GO = b"go"
 SKIP = b"skip "
 MARK = "b/w/"  # + rank: the call the rank checked in at last ("<site>/<k>")
-SHORTEST_WAIT = 0.002  # seconds: a shorter wait is none (the store's timeouts are whole milliseconds)
-_UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
-
-Store = Any  # a c10d Store (or PrefixStore), or the explorer's in-memory one
 
 
 def site_name(site: Site) -> str:
@@ -285,8 +282,7 @@ class CheckIn:
     def _peek(self, key: str) -> bytes:
         """The value of `key`, or b"" when it has none: never waits, never creates it (but wakes its
         waiters: only for keys nobody waits on, the counters and markers)."""
-        blob = bytes(self.store.compare_set(key, _UNSET, _UNSET))
-        return b"" if blob == _UNSET else blob
+        return peek(self.store, key) or b""
 
     def _count(self, call: Call) -> int:
         blob = self._peek(call.counter)

@@ -53,7 +53,7 @@ def _worker(calls: int, rounds: int, plain_calls: int) -> None:
     from accelerate.logging import get_logger
 
     import accelerate_inorder_fix as fix
-    from accelerate_inorder_fix.gather import GATHER
+    from accelerate_inorder_fix.session import SESSION
 
     state = PartialState(cpu=True)
     base = logging.getLogger("aif.bench")
@@ -68,9 +68,9 @@ def _worker(calls: int, rounds: int, plain_calls: int) -> None:
     def use(variant: str) -> None:
         # barrier_plain: this process's check-in answers "plain barriers" at once (an instance attribute
         # over the method, taken away again for every other variant): the N barriers alone.
-        GATHER.__dict__.pop("check_in", None)
+        SESSION.__dict__.pop("check_in", None)
         if variant == "barrier_plain":
-            GATHER.check_in = lambda state, settings, site: "plain"  # type: ignore[method-assign]
+            SESSION.check_in = lambda state, settings, site: "plain"  # type: ignore[method-assign]
         if variant in ("upstream", "plain_unpatched"):
             fix.unpatch()
         else:

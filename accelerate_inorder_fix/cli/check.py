@@ -121,9 +121,9 @@ def _marked(check_id: str) -> list[int]:
     return _launch.leftovers(f"{CHECK_MARKER_ENV}={check_id}".encode())
 
 
-def kill_marked(check_id: str, settle: float = 3.0) -> list[int]:
-    """SIGKILL every process carrying this check's marker, until none is left (or `settle` s pass)."""
-    return _launch.kill_marked(f"{CHECK_MARKER_ENV}={check_id}".encode(), settle)
+def kill_marked(check_id: str, within: float = 3.0) -> list[int]:
+    """SIGKILL every process carrying this check's marker, until none is left (or `within` s pass)."""
+    return _launch.kill_marked(f"{CHECK_MARKER_ENV}={check_id}".encode(), within)
 
 
 def _available_memory() -> Optional[int]:

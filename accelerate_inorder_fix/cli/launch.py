@@ -103,13 +103,13 @@ def _marked_processes(marker: bytes) -> list[int]:
     return found
 
 
-def kill_marked(marker: bytes, settle: float = 0.0) -> list[int]:
-    """SIGKILL every process carrying `marker` (but this one), again until none is left or `settle` s pass.
+def kill_marked(marker: bytes, within: float = 0.0) -> list[int]:
+    """SIGKILL every process carrying `marker` (but this one), again until none is left or `within` s pass.
 
     The one process killer of `run` and `check`. Returns the marked processes still alive at the end
-    (with `settle=0`, one sweep: those it just sent SIGKILL to, which may not have died yet).
+    (with `within=0`, one sweep: those it just sent SIGKILL to, which may not have died yet).
     """
-    deadline = time.monotonic() + settle
+    deadline = time.monotonic() + within
     while True:
         pids = [pid for pid in _marked_processes(marker) if pid != os.getpid()]
         for pid in pids:

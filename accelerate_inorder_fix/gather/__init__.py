@@ -1,10 +1,6 @@
 """Gather mode: each rank's in_order record goes through the job's c10d store to the main process.
 
-`session` owns the per-process state (`GATHER`); `collector` is the main process's block assembly;
-`transport` the store protocol; `records` the wire format.
+`side` is this process's part (post, or collect and emit); `collector` the main process's block
+assembly; `queues` the ranks' queues in the store; `copies` the shared-slot copies; `records` the
+wire format.
 """
-
-from .session import GATHER, GatherSession
-
-
-__all__ = ["GATHER", "GatherSession"]

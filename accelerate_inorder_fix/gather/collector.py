@@ -13,7 +13,7 @@ that rank's record of `identity`, or the deadline passes. Records met on the way
 - to a call the main process has not made (yet): kept, used when it makes it, flushed at exit.
 Then the block goes out in rank order, followed, if ranks are missing, by one warning naming them.
 
-Reading is batched (`transport`): first whatever is in the shared slot already, without waiting;
+Reading is batched (`queues`): first whatever is in the shared slot already, without waiting;
 then, for ranks still missing, one wait on all of them and one read, so a block of 1,024 ranks costs
 a few store round trips, not a few per rank.
 
@@ -39,22 +39,20 @@ from typing import Callable, Optional, Protocol, runtime_checkable
 
 from .._callsite import Identity, Site
 from .._diagnostics import warn_once
+from ..store.connection import SHORTEST_WAIT
 from . import copies as _copies
 from . import records as _records
 from .copies import BlockEntry
-from .transport import Taken
+from .queues import Taken
 
 
 Block = dict[int, BlockEntry]  # one call's entries, by rank
 GRACE = 0.25  # x the timeout: how long in all a rank that went quiet is waited for at other call sites
-# The shortest wait asked of the store: c10d rounds a wait down to whole milliseconds, and 0 ms is its
-# "no timeout" (a wait of 0.4 ms would never end).
-SHORTEST_WAIT = 0.002
 
 
 @runtime_checkable
-class Inbox(Protocol):
-    """What the collector reads the ranks' queues through: `transport.Inbox`, a test double, a benchmark's.
+class RecordSource(Protocol):
+    """What the collector reads the ranks' queues through: `queues.StoreInbox`, a test double, a benchmark's.
 
     Each rank's queue is read in order; whatever is taken moves that rank's place on by one.
     """
@@ -77,8 +75,8 @@ class Inbox(Protocol):
         Those of the call `current` go into `into`; the others are returned with their rank.
         """
 
-    def settle(self) -> None:
-        """After each call's block (publish read marks, if the inbox has any)."""
+    def end_call(self) -> None:
+        """After each call's block (publish read marks, if the source has any)."""
 
     def seal(self, rank: int) -> list[Taken]:
         """At exit: close `rank`'s queue; what it posted meanwhile, in order."""
@@ -104,8 +102,8 @@ class Collector:
     made into a record when the block goes out), or None (the rank's empty marker: nothing to print).
     """
 
-    def __init__(self, inbox: Inbox, world_size: int, timeout: float, warn: Callable[[str], None]) -> None:
-        self.inbox = inbox
+    def __init__(self, source: RecordSource, world_size: int, timeout: float, warn: Callable[[str], None]) -> None:
+        self.source = source
         self.world_size = world_size
         self.timeout = timeout
         self.warn = warn
@@ -144,16 +142,16 @@ class Collector:
 
     def _take_what_arrived(self, rank: int, current: Optional[Identity], block: Block) -> None:
         """Take what `rank` has sent, without waiting, until its record of `current` is found."""
-        while rank not in block and self.inbox.ready(rank):
-            self._route(rank, self.inbox.take(rank), current, block)
+        while rank not in block and self.source.ready(rank):
+            self._route(rank, self.source.take(rank), current, block)
 
     def _take_after_wait(self, ranks: list[int], current: Identity, block: Block) -> None:
         """Take one record of each rank in `ranks` (all there), in one batch; it may be for another call."""
-        self._route_all(zip(ranks, self.inbox.take_many(ranks)), current, block)
+        self._route_all(zip(ranks, self.source.take_many(ranks)), current, block)
 
     def _take_from_slots(self, ranks: list[int], current: Identity, block: Block) -> None:
         """Take, without waiting, the next record of each rank in `ranks` already copied to its slot."""
-        self._route_all(self.inbox.take_copied(ranks, current, block), current, block)
+        self._route_all(self.source.take_copied(ranks, current, block), current, block)
 
     def _route_all(self, taken: Iterable[tuple[int, Taken]], current: Identity, block: Block) -> None:
         failure = None
@@ -189,7 +187,7 @@ class Collector:
             if not waitable:
                 break
             until = min(self._until(r, start) for r in waitable)
-            if self.inbox.wait(waitable, until - now):
+            if self.source.wait(waitable, until - now):
                 self._take_after_wait(waitable, identity, block)
             else:
                 given_up.update(r for r in waitable if self._until(r, start) <= until)
@@ -197,7 +195,7 @@ class Collector:
         for rank in [r for r in range(self.world_size) if r not in block]:
             self._take_what_arrived(rank, identity, block)
         self._spend_grace(site, time.monotonic() - start)
-        self.inbox.settle()
+        self.source.end_call()
 
     def _spend_grace(self, site: Site, waited: float) -> None:
         """Quiet ranks this call waited for (all but those absent at `site`) have `waited` less grace."""
@@ -280,7 +278,7 @@ class Collector:
         """
         for rank in range(1, self.world_size):
             self._take_what_arrived(rank, None, {})
-            for item in self.inbox.seal(rank):
+            for item in self.source.seal(rank):
                 self._route(rank, item, None, {})
         leftovers = [(identity, block) for identity, block in self.pending.items() if block]
         self.pending.clear()

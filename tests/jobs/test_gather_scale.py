@@ -8,7 +8,7 @@ import re
 from conftest import LATEST, REPO, SCRIPTS, accelerate_dir
 
 from accelerate_inorder_fix.cli import launch as _launch
-from accelerate_inorder_fix.gather import transport
+from accelerate_inorder_fix.gather import queues
 
 
 NPROC, CALLS = 16, 64
@@ -31,7 +31,7 @@ def test_sixteen_ranks_gather_every_record_once_in_order_with_a_bounded_store():
     keys = dict(re.findall(r"^@@KEYS after=(\d+) keys=(\d+)$", "\n".join(job.lines), re.M))
     # Without clean-up the store would gain a key per rank per call between the two counts.
     growth = int(keys[str(CALLS)]) - int(keys["16"])
-    assert growth <= (NPROC - 1) * (transport.CLEAN_EVERY + transport.PUBLISH_EVERY) < (NPROC - 1) * (CALLS - 16)
+    assert growth <= (NPROC - 1) * (queues.CLEAN_EVERY + queues.PUBLISH_EVERY) < (NPROC - 1) * (CALLS - 16)
 
 
 BARRIER_CALLS = 32  # 16 barriers a call on 2 cores: fewer calls, the same proof of a bounded store

@@ -44,7 +44,7 @@ def test_wheel_carries_the_hook_py_typed_the_license_and_the_bench(dists):
     # Developer-only benchmarks stay out: no old protocol, no old codec, no pickle or marshal anywhere.
     wheel = zipfile.ZipFile(dists["wheel"])
     sources = {n: wheel.read(n).decode() for n in names if n.endswith(".py")}
-    assert "accelerate_inorder_fix/gather/transport.py" in sources
+    assert "accelerate_inorder_fix/gather/queues.py" in sources
     assert not [n for n, text in sources.items() if re.search(r"pickle|marshal|LegacyInbox", text)]
 
 

@@ -269,7 +269,9 @@ def test_sitecustomize_route(bare_venv, wheel, tmp_path):
     assert run_py(bare_venv, code, env).stdout.strip() == "False"
 
     line = run_py(
-        bare_venv, "from accelerate_inorder_fix import hook_status as startup; startup.main(['--print-sitecustomize'])", env
+        bare_venv,
+        "from accelerate_inorder_fix import hook_status as startup; startup.main(['--print-sitecustomize'])",
+        env,
     )
     (target / "sitecustomize.py").write_text(line.stdout)
     code = "import accelerate, sys\nfrom accelerate_inorder_fix import hook_status as startup\nprint(startup.patched_by())\n"

@@ -1,6 +1,6 @@
 """A seeded schedule explorer for barrier mode's check-in: the real code, every interleaving a seed picks.
 
-Each rank is a thread running the product's own barrier-mode call (`_wrapper._barrier_mode`, which
+Each rank is a thread running the product's own barrier-mode call (`barrier.turns.barrier_call`, which
 checks in through `checkin.CheckIn` and then takes its turns) over an in-memory store. Only one rank
 runs at a time: every store operation, delay and collective stops the rank and hands control to the
 scheduler, which picks the next operation to run at random (from the seed) among those that can run.
@@ -40,8 +40,10 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from accelerate_inorder_fix import _wrapper  # noqa: E402
-from accelerate_inorder_fix.barrier import checkin  # noqa: E402
+from accelerate_inorder_fix.barrier import (
+    checkin,  # noqa: E402
+    turns,  # noqa: E402
+)
 
 
 T = 10.0  # the timeout, in virtual seconds
@@ -359,7 +361,7 @@ class Rank:
     def _reconnect(self) -> Connection:
         return Connection(self.sim, self.rank)
 
-    # accelerate's PartialState, the adapter, its logger, and the session -- as `_barrier_mode` uses them
+    # accelerate's PartialState, the adapter, its logger, and the session -- as `barrier_call` uses them
     def wait_for_everyone(self) -> None:
         self.sim.block(Request(self.rank, "collective", "turn " + self.call_tag))
 
@@ -388,7 +390,8 @@ class Rank:
                 if action[0] == "call":
                     self.calls += 1
                     msg = (self.rank, self.calls, action[1])
-                    _wrapper._barrier_mode(self, None, self, SITES[action[1]], self, 20, msg, (), {})  # type: ignore[arg-type]
+                    site = SITES[action[1]]
+                    turns.barrier_call(self, lambda: self.check_in(self, None, site), self, 20, msg, (), {})
                 elif action[0] == "delay":
                     self.sim.block(Request(self.rank, "delay", until=self.sim.now + action[1]))
                 else:

@@ -11,7 +11,7 @@ from fake_store import FakeStore
 
 from accelerate_inorder_fix.cli import main
 from accelerate_inorder_fix.gather import collector as _collector
-from accelerate_inorder_fix.gather import copies, transport
+from accelerate_inorder_fix.gather import copies, queues
 from benchmarks import bench_scale
 
 
@@ -90,8 +90,8 @@ def test_a_decoder_that_drops_delta_copies_fails_the_count(monkeypatch):
         return (decoded[0], None) if decoded is not None and len(line) == copies.DeltaCopy.LENGTH else decoded
 
     sink, counter = bench_scale._handlers()
-    outboxes = [(r, transport.Outbox(store, r, background=False)) for r in range(1, world_size)]
-    collector = _collector.Collector(transport.Inbox(store, world_size), world_size, 1.0, pytest.fail)
+    outboxes = [(r, queues.Outbox(store, r, background=False)) for r in range(1, world_size)]
+    collector = _collector.Collector(queues.StoreInbox(store, world_size), world_size, 1.0, pytest.fail)
     try:
         for mutated in (False, True):
             if mutated:
@@ -117,7 +117,7 @@ def test_per_record_figures_are_measured():
     assert set(figures) == names and all(v > 0 for v in figures.values())
 
 
-def test_the_store_inbox_and_the_old_one_implement_the_collectors_inbox_protocol():
-    assert isinstance(transport.Inbox(FakeStore(), 4), _collector.Inbox)
-    assert isinstance(bench_scale.LegacyInbox(FakeStore(), 4), _collector.Inbox)
-    assert not isinstance(object(), _collector.Inbox)
+def test_the_store_inbox_and_the_old_one_implement_the_collectors_record_source_protocol():
+    assert isinstance(queues.StoreInbox(FakeStore(), 4), _collector.RecordSource)
+    assert isinstance(bench_scale.LegacyInbox(FakeStore(), 4), _collector.RecordSource)
+    assert not isinstance(object(), _collector.RecordSource)

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelerate_inorder_fix.gather import collector as _collector
-from accelerate_inorder_fix.gather import records, transport
+from accelerate_inorder_fix.gather import queues, records
 
 
 LOGGER = "aif.test.collector"
@@ -49,10 +49,10 @@ class Job:
     def __init__(self, world_size, timeout=0.2, store=None, publish_every=None, clean_every=None):
         self.store = store if store is not None else FakeStore()
         self.warnings = []
-        inbox = transport.Inbox(self.store, world_size, publish_every or transport.PUBLISH_EVERY)
+        inbox = queues.StoreInbox(self.store, world_size, publish_every or queues.PUBLISH_EVERY)
         self.collector = _collector.Collector(inbox, world_size, timeout, self.warnings.append)
         self.outboxes = {
-            r: transport.Outbox(self.store, r, clean_every or transport.CLEAN_EVERY, background=False)
+            r: queues.Outbox(self.store, r, clean_every or queues.CLEAN_EVERY, background=False)
             for r in range(1, world_size)
         }
         self.handler = Emitted()
@@ -88,17 +88,17 @@ def test_block_in_rank_order_from_one_slot_read_without_waiting():
     assert job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(4)]
     # every record's copy is in the shared slot: read (a compare_set that changes nothing), deleted
     assert job.store.calls == [("compare_set", 1), ("delete_key", 1)]
-    assert transport.slot_key(0) not in job.store.data and not job.warnings
+    assert queues.slot_key(0) not in job.store.data and not job.warnings
 
 
 def test_record_whose_copy_is_gone_or_damaged_comes_from_its_own_key():
     job = Job(4)
     for rank in (1, 2, 3):
         job.post(rank, SITE, 1)
-    job.store.data[transport.slot_key(0)] = (
+    job.store.data[queues.slot_key(0)] = (
         b"[1,0,[2, damaged]]\n"  # rank 1's copy: damaged; rank 2's: missing; rank 3's: intact
         + b"not a copy\n"
-        + job.store.data[transport.slot_key(0)].split(b"\n")[2]
+        + job.store.data[queues.slot_key(0)].split(b"\n")[2]
         + b"\n"
     )
     job.store.calls.clear()
@@ -206,7 +206,7 @@ def test_absent_rank_is_not_waited_for_until_it_posts_again():
 def test_store_size_stays_bounded_whatever_the_number_of_calls():
     world_size = 4
     job = Job(world_size, timeout=1.0)
-    bound = 1 + (world_size - 1) * (transport.CLEAN_EVERY + transport.PUBLISH_EVERY)
+    bound = 1 + (world_size - 1) * (queues.CLEAN_EVERY + queues.PUBLISH_EVERY)
     sizes = []
     for count in range(1, 401):
         for rank in range(1, world_size):
@@ -224,7 +224,7 @@ def test_rank_deletes_only_what_the_main_process_has_read():
         job.post(1, SITE, count)
     job.call(1)
     job.post(1, SITE, 6)  # cleans up: only record 1 is read
-    assert _queues(job) == sorted([transport.READ_KEY] + [transport.key(1, n) for n in range(1, 6)])
+    assert _queues(job) == sorted([queues.READ_KEY] + [queues.key(1, n) for n in range(1, 6)])
     for count in range(2, 7):
         assert job.call(count) < 0.2
     assert len(job.handler.seen) == 12 and not job.warnings
@@ -240,7 +240,7 @@ def test_failed_clean_up_does_not_fail_the_post_and_is_retried():
     job.store.delete_key = real_delete
     job.call(2)
     job.post(1, SITE, 3)  # cleans up records 1 and 2
-    assert _queues(job) == sorted([transport.READ_KEY, transport.key(1, 2)])
+    assert _queues(job) == sorted([queues.READ_KEY, queues.key(1, 2)])
     assert len(job.handler.seen) == 4 and not job.warnings
 
 
@@ -259,7 +259,7 @@ def test_main_process_deletes_only_the_slot_it_read_and_publishes_rarely():
         calls = [c[0] for c in job.store.calls]
         assert set(calls) <= {"compare_set", "delete_key", "set", "wait"}
         assert calls.count("compare_set") == calls.count("delete_key") == 1
-        assert calls.count("set") == (1 if count % transport.PUBLISH_EVERY == 0 else 0)
+        assert calls.count("set") == (1 if count % queues.PUBLISH_EVERY == 0 else 0)
 
 
 def test_bad_record_in_a_batch_costs_only_itself():

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelerate_inorder_fix.gather import collector as _collector
-from accelerate_inorder_fix.gather import records, transport
+from accelerate_inorder_fix.gather import queues, records
 
 
 LOGGER = "aif.unit.collector"
@@ -53,9 +53,9 @@ def site(call):
 class Job:
     def __init__(self, world):
         store = dist.HashStore()
-        self.outboxes = [transport.Outbox(store, r) for r in range(world)]
+        self.outboxes = [queues.Outbox(store, r) for r in range(world)]
         self.warnings = []
-        self.collector = _collector.Collector(transport.Inbox(store, world), world, TIMEOUT, self.warnings.append)
+        self.collector = _collector.Collector(queues.StoreInbox(store, world), world, TIMEOUT, self.warnings.append)
         self.printed_by_rank = []
 
     def post(self, call, rank, enabled=True):

@@ -14,7 +14,7 @@ import pytest
 from fake_store import FakeStore
 
 from accelerate_inorder_fix.gather import collector as _collector
-from accelerate_inorder_fix.gather import copies, records, transport
+from accelerate_inorder_fix.gather import copies, queues, records
 
 
 SITE = ("train.py", "step", 7)
@@ -92,8 +92,8 @@ def test_lines_of_a_slot_that_are_not_copies_are_dropped():
 
 def test_a_rank_cleans_up_off_its_post():
     store = FakeStore()
-    outbox = transport.Outbox(store, 1, clean_every=2)  # background clean-up, as in a job
-    inbox = transport.Inbox(store, 2, publish_every=1)
+    outbox = queues.Outbox(store, 1, clean_every=2)  # background clean-up, as in a job
+    inbox = queues.StoreInbox(store, 2, publish_every=1)
     for n in range(2):
         outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
     inbox.take_many([1])
@@ -103,20 +103,20 @@ def test_a_rank_cleans_up_off_its_post():
     store.delete_key = lambda key: held.wait(10) and real_delete(key)
     for n in range(2, 4):  # the second of these asks for the clean-up, whose deletes are held
         assert outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
-    assert transport.key(1, 0) in store.data  # the post returned before its clean-up ran
+    assert queues.key(1, 0) in store.data  # the post returned before its clean-up ran
     held.set()
     start = time.monotonic()
     assert outbox.cleaner.idle(10) and time.monotonic() - start < 10
-    assert transport.key(1, 0) not in store.data and transport.key(1, 1) not in store.data
-    assert transport.key(1, 2) in store.data and transport.key(1, 3) in store.data
+    assert queues.key(1, 0) not in store.data and queues.key(1, 1) not in store.data
+    assert queues.key(1, 2) in store.data and queues.key(1, 3) in store.data
 
 
 def test_a_stopped_clean_up_thread_has_ended_and_deletes_no_more():
     """`stop` (before destroy_process_group and at exit) ends the thread after the delete it is in: no
     thread of ours is left inside a store call when the interpreter finalizes (issue 24)."""
     store = FakeStore()
-    outbox = transport.Outbox(store, 1, clean_every=2)
-    inbox = transport.Inbox(store, 2, publish_every=1)
+    outbox = queues.Outbox(store, 1, clean_every=2)
+    inbox = queues.StoreInbox(store, 2, publish_every=1)
     for n in range(4):
         outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
         inbox.take_many([1])
@@ -135,7 +135,7 @@ def test_a_stopped_clean_up_thread_has_ended_and_deletes_no_more():
     for n in range(6, 10):  # later posts are delivered; nothing restarts the thread
         assert outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
     assert outbox.cleaner._thread is thread and outbox.cleaned == 1
-    assert transport.Outbox(store, 2).close(0)  # never started: nothing to wait for
+    assert queues.Outbox(store, 2).close(0)  # never started: nothing to wait for
 
 
 class _Connection:
@@ -152,21 +152,21 @@ class _Connection:
 def test_a_rank_cleans_up_on_a_connection_of_its_own_not_its_posts_one():
     store = FakeStore()
     posts, cleanup = _Connection(store), _Connection(store)
-    outbox = transport.Outbox(posts, 1, clean_every=2, background=False, cleanup_store=cleanup)
-    inbox = transport.Inbox(store, 2, publish_every=1)
+    outbox = queues.Outbox(posts, 1, clean_every=2, background=False, cleanup_store=cleanup)
+    inbox = queues.StoreInbox(store, 2, publish_every=1)
     for n in range(4):
         outbox.post(*records.encode((SITE, n + 1), _record(n, 1)))
         inbox.take_many([1])
         inbox.publish()
-    assert transport.key(1, 0) not in store.data and transport.key(1, 2) not in store.data  # cleaned up
+    assert queues.key(1, 0) not in store.data and queues.key(1, 2) not in store.data  # cleaned up
     assert "delete_key" in cleanup.calls and "delete_key" not in posts.calls
     assert set(posts.calls) <= {"append", "compare_set"}, posts.calls
 
 
 def test_a_block_of_delta_copies_comes_out_whole_and_in_rank_order():
     store, seen = FakeStore(), []
-    outboxes = {rank: transport.Outbox(store, rank, background=False) for rank in (1, 2, 3)}
-    collector = _collector.Collector(transport.Inbox(store, 4), 4, 1.0, pytest.fail)
+    outboxes = {rank: queues.Outbox(store, rank, background=False) for rank in (1, 2, 3)}
+    collector = _collector.Collector(queues.StoreInbox(store, 4), 4, 1.0, pytest.fail)
     handler = logging.Handler()
     handler.emit = lambda record: seen.append((record.getMessage(), record.funcName, record.lineno))
     logger = logging.getLogger("aif.unit.copies")
@@ -174,7 +174,7 @@ def test_a_block_of_delta_copies_comes_out_whole_and_in_rank_order():
     for count in range(1, 5):
         for rank in (3, 1, 2):
             outboxes[rank].post(*records.encode((SITE, count), _record(count, rank)))
-        lines = [json.loads(line) for line in store.data[transport.slot_key(count - 1)].splitlines()]
+        lines = [json.loads(line) for line in store.data[queues.slot_key(count - 1)].splitlines()]
         assert [len(line) for line in lines] == [3 if count == 1 else 8] * 3  # deltas from the second call
         collector.emit_call((SITE, count), _record(count, 0))
         assert seen == [(f"step {count} r{rank}", None, 7) for rank in range(4)]

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelerate_inorder_fix.gather import collector as _collector
-from accelerate_inorder_fix.gather import copies, records, transport
+from accelerate_inorder_fix.gather import copies, queues, records
 
 
 LOGGER = "aif.unit.delta"
@@ -92,7 +92,7 @@ class Plan:
 def plans(draw: st.DrawFn) -> Plan:
     world = draw(st.integers(2, 5), label="world")
     calls = draw(st.integers(1, 22), label="calls")  # past a refresh of SLOTS (16) too
-    refresh = draw(st.sampled_from([2, 3, 5] + [transport.SLOTS] * 3), label="refresh")
+    refresh = draw(st.sampled_from([2, 3, 5] + [queues.SLOTS] * 3), label="refresh")
     site_changes = draw(
         st.lists(st.booleans(), min_size=calls, max_size=calls).map(
             lambda bs: [b and i % 5 == 4 for i, b in enumerate(bs)]
@@ -148,10 +148,10 @@ class Run:
 
     def __post_init__(self) -> None:
         self.identities = _identities(self.plan)
-        self.outboxes = {r: transport.Outbox(self.store, r, background=False) for r in range(1, self.plan.world)}
+        self.outboxes = {r: queues.Outbox(self.store, r, background=False) for r in range(1, self.plan.world)}
         for rank, outbox in self.outboxes.items():
             outbox.copier = copies.Copier(rank, refresh=self.plan.refresh)
-        inbox = transport.Inbox(self.store, self.plan.world)
+        inbox = queues.StoreInbox(self.store, self.plan.world)
         self.collector = _collector.Collector(inbox, self.plan.world, 5.0, self.warnings.append)
         reader, decode = inbox.reader, inbox.reader.decode
 
@@ -172,7 +172,7 @@ class Run:
 
     def damage(self, call: int) -> None:
         """What happens to the slot of `call` before the main process reads it."""
-        name, fate = transport.slot_key(call), self.plan.slot_fate[call]
+        name, fate = queues.slot_key(call), self.plan.slot_fate[call]
         blob = self.store.data.get(name)
         if blob is None or fate == "kept":
             return

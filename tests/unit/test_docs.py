@@ -4,7 +4,7 @@ the main process decodes, and every test the protocol's invariants name exists."
 import re
 from pathlib import Path
 
-from accelerate_inorder_fix.gather import records, transport
+from accelerate_inorder_fix.gather import queues, records
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ def test_the_wire_format_shown_is_the_one_decoded():
 
 
 def test_every_invariant_names_a_test_that_exists():
-    named = GUARD.findall(transport.__doc__) + GUARD.findall((REPO / "docs" / "gather-mode.md").read_text())
+    named = GUARD.findall(queues.__doc__) + GUARD.findall((REPO / "docs" / "gather-mode.md").read_text())
     assert len(set(named)) >= 10, named
     for filename, test in set(named):
         (path,) = list((REPO / "tests").rglob(filename))

@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO
 
 from accelerate_inorder_fix.gather import collector as _collector
-from accelerate_inorder_fix.gather import records, transport
+from accelerate_inorder_fix.gather import queues, records
 
 
 IDENTITY = (("train.py", "step", 42), 3)
@@ -395,10 +395,10 @@ def _queues(payloads_by_rank, world_size):
 
     store = dist.HashStore()
     for rank, payloads in payloads_by_rank.items():
-        outbox = transport.Outbox(store, rank)
+        outbox = queues.Outbox(store, rank)
         for payload in payloads:
             outbox.post(payload)
-    return transport.Inbox(store, world_size)
+    return queues.StoreInbox(store, world_size)
 
 
 def _emitted(caplog_records):

@@ -132,15 +132,15 @@ def _plain_wrapper_above(calls: list[str]) -> Callable[..., Any]:
 
 @pytest.fixture
 def ours_ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each in_order record our wrapper emits (its `_emit`, which upstream's body never calls)."""
+    """Each in_order record our wrapper emits (its `emit`, which upstream's body never calls)."""
     seen: list[str] = []
-    real = _wrapper._emit
+    real = _wrapper.emit
 
     def spy(adapter: Any, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
         seen.append(str(msg))
         real(adapter, level, msg, args, kwargs)
 
-    monkeypatch.setattr(_wrapper, "_emit", spy)
+    monkeypatch.setattr(_wrapper, "emit", spy)
     return seen
 
 

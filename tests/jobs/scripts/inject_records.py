@@ -3,7 +3,7 @@
 Run on every rank of a real job (`torchrun --nproc_per_node 4 inject_records.py`, gather mode). Five
 in_order calls, the same on every rank. At call 2 rank 1 posts, instead of its record, a pickle that
 would create the file `$AIF_PWNED` if unpickled; at call 4 the last rank posts its record cut in half.
-Both go through the package's own `transport.Outbox.post`, so they land exactly where the rank's record
+Both go through the package's own `queues.Outbox.post`, so they land exactly where the rank's record
 of that call would, whatever the key scheme. The test reads the merged stdout:
 
 - `@@PID r<rank> <pid>` once per rank, `@@INJECTED <kind> r<rank>` when a payload was replaced;
@@ -70,10 +70,10 @@ def add_attributes(record):
 
 def _inject_into_posts(rank, size):
     """Replace this rank's posts at the calls of `INJECT` with foreign bytes, through the real Outbox."""
-    from accelerate_inorder_fix.gather import transport
+    from accelerate_inorder_fix.gather import queues
 
     plan = {call: kind for call, (who, kind) in INJECT.items() if who % size == rank}
-    real_post = transport.Outbox.post
+    real_post = queues.Outbox.post
     state = {"call": 0}
 
     def post(self, payload, document=None):
@@ -87,7 +87,7 @@ def _inject_into_posts(rank, size):
             return real_post(self, payload)
         return real_post(self, payload, document)
 
-    transport.Outbox.post = post
+    queues.Outbox.post = post
     return state
 
 

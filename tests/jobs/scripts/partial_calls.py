@@ -53,9 +53,11 @@ class Rank:
 
     def verdicts(self, case, *functions):
         """Whether each site in `functions` was given up on this rank (the one verdict every rank must share)."""
-        from accelerate_inorder_fix.gather import GATHER
+        from accelerate_inorder_fix.session import SESSION
 
-        side = GATHER._checkin  # test-only look inside: the check-in's memory of each site
+        side = (
+            SESSION._barrier and SESSION._barrier.checkin
+        )  # test-only look inside: the check-in's memory of each site
         sites = {} if side is None else {site[1]: state.retired for site, state in side.sites.items()}
         self.result(case, "retired", {f.__name__: sites.get(f.__name__) for f in functions})
 
@@ -177,13 +179,13 @@ def _junk(r, case, key_of, log_one):
     """Outcome e: the last rank, late, writes junk into a check-in key of call 1 while the others wait, then
     makes the call itself."""
     from accelerate_inorder_fix.barrier import checkin
-    from accelerate_inorder_fix.gather import transport
+    from accelerate_inorder_fix.store import connection
 
     if r.index == r.size - 1:
         time.sleep(_timeout() / 3)
         site = (os.path.basename(__file__), log_one.__name__, log_one.__code__.co_firstlineno + 1)
         key = key_of(checkin.Call(checkin.site_name(site), 1))
-        store, _ = transport.open_store(_timeout())  # a connection of its own, prefixed as the package's
+        store, _ = connection.open_store(_timeout())  # a connection of its own, prefixed as the package's
         store.set(key, b"\x00junk")
     _timed(r, case, lambda: log_one(1))
     r.verdicts(case, log_one)
@@ -341,9 +343,9 @@ def main(names):
     if os.environ.get("AIF_OLD_STORE") == "1":
         _without_clone_and_append()
     if os.environ.get("AIF_NO_CHECKIN") == "1":
-        from accelerate_inorder_fix.gather import GatherSession
+        from accelerate_inorder_fix.session import InOrderSession
 
-        GatherSession.check_in = lambda self, state, settings, site: "plain"
+        InOrderSession.check_in = lambda self, state, settings, site: "plain"
     from accelerate.logging import get_logger
 
     state = PartialState(cpu=True)

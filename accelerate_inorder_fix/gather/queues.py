@@ -1,9 +1,7 @@
-"""How gather-mode records travel: the job's c10d store, on a connection of our own.
+"""Gather mode's queues in the job's c10d store: each rank's records, read by the main process.
 
-Every torch.distributed job already has a key-value store (the rendezvous `TCPStore` torchrun and
-`accelerate launch` start on the master node, reachable from every node). Records go there, never
-through a process group's collectives: nothing is queued behind NCCL work, no CUDA stream is synced,
-and a rank that posts never waits for anyone.
+A rank that posts never waits for anyone; only the main process reads, in order, with bounded waits
+(the store and its connections: `store.connection`).
 
 Each rank's records form a queue: key `<rank>/<n>` is that rank's n-th in_order record, written
 atomically (`compare_set`). That key is the record. Only the main process reads, in order. Reading
@@ -12,7 +10,7 @@ a tenth of a millisecond; so a rank first appends a copy of the record (`copies`
 one key all ranks share, and the main process reads that one slot per call. Who writes and deletes what:
 
     rank r, its n-th record          the job's store          main process, its call n
-    (Outbox.post, never waits)      (s = n % SLOTS)          (Inbox via Collector.emit_call)
+    (Outbox.post, never waits)      (s = n % SLOTS)          (StoreInbox, Collector.emit_call)
     --------------------------      ---------------          --------------------------------
     append(slot/s, copy line) -----> slot/s: + 1 line
     compare_set(r/n, "", record) --> r/n: the record
@@ -26,10 +24,10 @@ one key all ranks share, and the main process reads that one slot per call. Who 
                                      r/n ... <-------------- multi_get([r/n, ...])  (copies unusable)
                                                              emit the block in rank order
                                      read    <-------------- every PUBLISH_EVERY calls: set(read, marks)
-    clean-up thread (Cleaner), every CLEAN_EVERY posts, on a connection of its own:
+    clean-up (a BackgroundWriter), every CLEAN_EVERY posts, on a connection of its own:
     check(read), get(read) ---------> read
     delete_key(r/k), k < r's mark -> r/k: gone
-                                                             at exit (Collector.flush -> Inbox.seal),
+                                                             at exit (Collector.flush -> StoreInbox.seal),
                                      r/next  <-------------- compare_set(r/next, "", TOMBSTONE) per rank
 
 The invariants, each with the test that guards it (unit tests in tests/unit, jobs in tests/jobs):
@@ -62,94 +60,33 @@ The invariants, each with the test that guards it (unit tests in tests/unit, job
   neither (test_faults.py::test_gather_mode_emits_every_record_exactly_once_under_faults, case `main_first`).
 
 Torch releases without `append` or `multi_get`: the same protocol on the keys alone, slower
-(test_collector.py::test_older_stores_give_the_same_blocks_from_the_keys). The same store carries the
-main process's mode word, read once by every rank at its first in_order call.
+(test_collector.py::test_older_stores_give_the_same_blocks_from_the_keys).
 """
 
 from __future__ import annotations
 
 import datetime
 import struct
-import threading
 from typing import Any, Optional, Union
 
 from .._callsite import Identity
-from .._diagnostics import warn_once
+from ..store.connection import Store, peek
+from ..store.writer import BackgroundWriter
 from . import copies, records
 from .copies import PLACE, RANK, BlockEntry, CopyLine
 
 
-# A c10d store (torch's `Store`, a `PrefixStore` over one, or a test double): typed loosely, since
-# torch's stubs do not export `PrefixStore` and a fake store is no subclass of `Store`.
-Store = Any
 # What an inbox hands out for one place in a rank's queue: `(identity, block entry)`, or the
 # `MalformedRecord` saying why the bytes there are not a record.
 Taken = Union[tuple[Identity, BlockEntry], records.MalformedRecord]
 
 
-PREFIX = "accelerate_inorder_fix/"
-MODE_KEY = "mode"
 TOMBSTONE = b"accelerate_inorder_fix:sealed"
 READ_KEY = "read"
 PUBLISH_EVERY = 8  # main process: calls between two publications of its read marks
 CLEAN_EVERY = 8  # a rank: posts between two clean-ups of what the main process has read
 _MARK = struct.Struct("<Q")
 SLOTS = 16  # slots shared by all ranks: a rank's n-th record is copied into slot n % SLOTS
-_UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
-
-
-def open_store(timeout: float) -> tuple[Optional[Store], Optional[str]]:
-    """`(store, None)` for this job, or `(None, reason)` when it has no c10d store to use.
-
-    The store is a connection of our own when this torch can clone one (`Store.clone`, torch 2.8+): a
-    bounded wait here never holds the client lock the process group's own store traffic needs, and
-    its timeout can be ours without touching theirs. Otherwise it is the process group's connection.
-    """
-    try:
-        import torch.distributed as dist
-    except ImportError as exc:
-        return None, f"torch.distributed is not available ({exc})"
-    if not dist.is_available() or not dist.is_initialized():
-        return None, "torch.distributed has no default process group"
-    store = _default_store()
-    if store is None:
-        return None, "the process group has no c10d store"
-    return dist.PrefixStore(PREFIX, _own_connection(store, timeout) or store), None  # type: ignore[attr-defined]
-
-
-def cleanup_store(timeout: float) -> Optional[Store]:
-    """One more connection of our own, prefixed, for a rank's clean-up thread; None when torch cannot clone.
-
-    A background thread never uses the process group's connection: at `destroy_process_group` or at
-    exit it would still be in a store call on it (see `Cleaner.stop`). Without a connection of its
-    own, a rank cleans up on its post path instead (`Outbox(background=False)`).
-    """
-    store = _default_store()
-    own = None if store is None else _own_connection(store, timeout)
-    if own is None:
-        return None
-    from torch.distributed import PrefixStore  # type: ignore[attr-defined]
-
-    return PrefixStore(PREFIX, own)
-
-
-def _default_store() -> Optional[Store]:
-    try:
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._get_default_store()
-    except (ImportError, RuntimeError, ValueError, AttributeError):
-        return None
-
-
-def _own_connection(store: Store, timeout: float) -> Optional[Store]:
-    """A new client connection to `store`'s server, its timeout ours (bounded); None without `clone`."""
-    try:
-        own = store.clone()  # `clone` is not in every torch's stubs
-    except (RuntimeError, AttributeError):
-        return None
-    own.set_timeout(datetime.timedelta(seconds=timeout + 5.0))
-    return own
 
 
 def key(rank: int, n: int) -> str:
@@ -168,81 +105,6 @@ def read_mark(marks: bytes, rank: int) -> int:
     return int(_MARK.unpack_from(marks, offset)[0])
 
 
-class Cleaner:
-    """A rank's clean-up, off its posts: one daemon thread, woken every `CLEAN_EVERY` posts.
-
-    Deleting what the main process has read costs a round trip per record; done inside `post`, every
-    eighth post of a rank would take several times as long as the others. The thread deletes on the
-    outbox's `cleanup_store` (a connection of its own), and only ever the rank's own keys.
-
-    `stop` ends it for good and joins it: `GatherSession.release` calls it before the process group is
-    destroyed and at exit. A thread still inside a store call when the interpreter finalizes dies
-    there: on taking the GIL back after the call, CPython ends the thread (`pthread_exit`), the forced
-    unwind meets the destructor of pybind11's `gil_scoped_release` (noexcept), and the process aborts
-    ("terminate called without an active exception", SIGABRT): issue 24.
-    """
-
-    def __init__(self, outbox: Outbox) -> None:
-        self._outbox = outbox
-        self._changed = threading.Condition()
-        self._wanted = 0  # clean up to this many posts: asked for
-        self._done = 0  # and done
-        self._stopping = False
-        self._thread: Optional[threading.Thread] = None
-
-    @property
-    def stopping(self) -> bool:
-        """True once `stop` was called: no clean-up starts, and one under way ends after its current delete."""
-        return self._stopping
-
-    def request(self, sent: int) -> None:
-        with self._changed:
-            if self._stopping:  # the job is ending: what is left in the store goes with it
-                return
-            self._wanted = max(self._wanted, sent)
-            self._changed.notify_all()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="accelerate-inorder-fix-clean", daemon=True)
-                self._thread.start()
-
-    def idle(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds until every requested clean-up has run; True if it has."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._done >= self._wanted, timeout)
-
-    def stop(self, timeout: float) -> bool:
-        """End the thread for good and wait up to `timeout` s for it; True when it is not running.
-
-        The thread finishes the store call it is in (one delete, bounded by its connection's timeout)
-        and starts no other.
-        """
-        with self._changed:
-            self._stopping = True
-            self._changed.notify_all()
-            thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout)
-        return not thread.is_alive()
-
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                self._changed.wait_for(lambda: self._stopping or self._wanted > self._done)
-                if self._stopping:
-                    return
-                sent = self._wanted
-            try:
-                self._outbox.clean(sent)
-            except (RuntimeError, OSError):  # the store is busy or gone: what was not deleted goes next time
-                pass
-            except Exception as exc:  # not expected; the thread must outlive it, or the store would grow
-                warn_once(("gather-clean", type(exc)), f"a rank's store clean-up failed, retried later: {exc!r}")
-            with self._changed:
-                self._done = sent
-                self._changed.notify_all()
-
-
 class Outbox:
     """A rank's side: append records to its own queue, and delete those already read. Never waits."""
 
@@ -259,7 +121,7 @@ class Outbox:
         self.rank = rank
         self.clean_every = clean_every
         self.cleanup_store = store if cleanup_store is None else cleanup_store
-        self.cleaner = Cleaner(self) if background else None
+        self.cleaner = BackgroundWriter(self.clean, "accelerate-inorder-fix-clean") if background else None
         self.sent = 0
         self.cleaned = 0  # records below this index are deleted
         self.published = False  # the main process has written READ_KEY (it is never deleted)
@@ -309,10 +171,10 @@ class Outbox:
         return self.cleaner is None or self.cleaner.stop(timeout)
 
 
-class Inbox:
+class StoreInbox:
     """The main process's side: read each rank's queue in order, with bounded waits, in batches.
 
-    What it hands out is decoded (`Taken`). It implements the collector's `Inbox` protocol.
+    What it hands out is decoded (`Taken`). It is the collector's `RecordSource` in a job.
     """
 
     def __init__(self, store: Store, world_size: int, publish_every: int = PUBLISH_EVERY) -> None:
@@ -323,7 +185,7 @@ class Inbox:
         self.slotted = callable(getattr(store, "append", None))
         self.kept: dict[tuple[int, int], CopyLine] = {}  # (rank, place) -> a copy read from a slot, not yet taken
         self.reader = copies.CopyReader()
-        self._settled = 0
+        self._calls = 0
 
     def _next_key(self, rank: int) -> str:
         return key(rank, self.cursor[rank])
@@ -411,17 +273,17 @@ class Inbox:
         found: list[CopyLine] = []
         for n in {self.cursor[r] for r in ranks} if self.slotted else ():
             name = slot_key(n)
-            blob = bytes(self.store.compare_set(name, _UNSET, _UNSET))  # its value, or _UNSET: never waits
-            if blob != _UNSET:
+            blob = peek(self.store, name)  # never waits
+            if blob is not None:
                 # Copies appended after this recreate the slot: read next time, or not needed.
                 self.store.delete_key(name)
                 found.extend(copies.parse_slot(blob, len(self.cursor)))
         return found
 
-    def settle(self) -> None:
+    def end_call(self) -> None:
         """After a call's block: every `publish_every` calls, tell the ranks how far each queue was read."""
-        self._settled += 1
-        if self._settled % self.publish_every == 0:
+        self._calls += 1
+        if self._calls % self.publish_every == 0:
             self.publish()
 
     def publish(self) -> None:
@@ -438,17 +300,3 @@ class Inbox:
             found.append(records.decode(payload))
             self.store.delete_key(name)
             self.cursor[rank] += 1
-
-
-def publish_mode(store: Store, mode: str) -> None:
-    """The main process's mode word, for every rank's first in_order call."""
-    store.set(MODE_KEY, mode)
-
-
-def read_mode(store: Store, seconds: float) -> Optional[str]:
-    """The main process's mode word, waiting up to `seconds`; None when it did not come in time."""
-    try:
-        store.wait([MODE_KEY], datetime.timedelta(seconds=seconds))
-    except RuntimeError:  # DistStoreError on timeout
-        return None
-    return bytes(store.get(MODE_KEY)).decode()

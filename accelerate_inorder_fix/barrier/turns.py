@@ -1,0 +1,76 @@
+"""Barrier mode's turns: each rank emits through its own logger, in rank order, between barriers.
+
+Rank 0's turn comes first whatever the verdict: it emits before it checks the call in, so that a `go`,
+which every rank reads after rank 0's check-in, also says rank 0's record is out. Then, on `go`, the
+other ranks take their turns between upstream's own `wait_for_everyone()` barriers (the check-in stood
+for the barrier after rank 0's turn). On `skip` nobody enters a barrier of this call: each rank emits
+at once. On `plain` (no store to check in through) the N turns run as upstream's do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import _callsite
+from .._diagnostics import warn_once
+
+
+def emit(adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Emit one record through the rank's own logger, exactly as upstream's working path does."""
+    if not adapter.isEnabledFor(level):
+        return
+    try:
+        msg, kwargs = adapter.process(msg, _callsite.counted_from_here(kwargs))
+        adapter.logger.log(level, msg, *args, **kwargs)
+    except Exception as exc:  # a filter or handler that raises must not skip the barrier after it
+        warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+
+
+def _barrier(state: Any) -> bool:
+    """Upstream's own synchronisation. False when it failed (the job is already broken)."""
+    try:
+        state.wait_for_everyone()
+    except Exception as exc:
+        warn_once(("barrier", type(exc)), f"in_order synchronisation failed, logging unordered: {exc!r}")
+        return False
+    return True
+
+
+def take_turns(
+    state: Any, adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], first_turn: int
+) -> None:
+    """A rank emits in its own turn, and every rank takes the barrier after each turn from `first_turn` on."""
+    rank = state.process_index
+    for turn in range(first_turn, state.num_processes):
+        if turn == rank and rank != 0:
+            emit(adapter, level, msg, args, kwargs)
+        if not _barrier(state):
+            if turn < rank:  # our turn has not come: emit unordered rather than lose the record
+                emit(adapter, level, msg, args, kwargs)
+            return
+
+
+def barrier_call(
+    state: Any,
+    check_in: Callable[[], str],
+    adapter: Any,
+    level: int,
+    msg: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """One rank's in_order call in barrier mode: rank 0's turn, the check-in, then the other turns.
+
+    Args:
+        state: accelerate's `PartialState`.
+        check_in (`Callable[[], str]`): checks this call in; `"go"`, `"skip"` or `"plain"` (`side.BarrierSide`).
+        adapter: the `MultiProcessAdapter` the user called; `level`, `msg`, `args`, `kwargs` as it got them.
+    """
+    if state.process_index == 0:
+        emit(adapter, level, msg, args, kwargs)
+    verdict = check_in()
+    if verdict == "skip":  # some rank will not come: nobody enters a barrier of this call
+        if state.process_index != 0:
+            emit(adapter, level, msg, args, kwargs)
+    else:
+        take_turns(state, adapter, level, msg, args, kwargs, first_turn=1 if verdict == "go" else 0)

@@ -1,0 +1,133 @@
+"""This process's gather-mode side: post its records (a rank), or collect and emit every rank's (main).
+
+Each rank builds its own record with its own logger (`records`), drops it if its own level or filters
+do, and posts it -- or an empty marker, so the main process need not wait for it -- to its queue in
+the job's c10d store (`queues`). It returns at once. The main process, at its own call, collects that
+call's records from every rank and emits them in rank order through its handlers (`collector`),
+waiting at most `ACCELERATE_INORDER_TIMEOUT` seconds for absent ones. At exit it emits what was
+delivered and seals every queue: a record posted after that is printed by the rank that made it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from .._callsite import Identity
+from .._diagnostics import warn_once
+from ..store import connection
+from ..store.connection import Store
+from . import collector as _collector
+from . import queues, records
+
+
+def _warn(text: str) -> None:
+    warn_once(("gather", text), text)
+
+
+class GatherSide:
+    """The main process's collector, or a rank's outbox, on the job's store.
+
+    Args:
+        store: this process's connection to the job's store (prefixed).
+        rank, world_size: this process's place in the job.
+        timeout (`float`): `ACCELERATE_INORDER_TIMEOUT` when the side opens (a call may bring a newer one).
+    """
+
+    def __init__(self, store: Store, rank: int, world_size: int, timeout: float) -> None:
+        self._outbox: Optional[queues.Outbox] = None
+        self._collector: Optional[_collector.Collector] = None
+        self._logger_name = "root"
+        self._main_gone = False
+        if rank == 0:
+            inbox = queues.StoreInbox(store, world_size)
+            self._collector = _collector.Collector(inbox, world_size, timeout, self._warning)
+        else:
+            # The clean-up thread's own connection; without one (no `Store.clone`), no thread.
+            cleanup = connection.own_connection(timeout)
+            self._outbox = queues.Outbox(store, rank, background=cleanup is not None, cleanup_store=cleanup)
+
+    def call(
+        self,
+        adapter: Any,
+        level: int,
+        msg: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        identity: Identity,
+        timeout: float,
+        forked: bool = False,
+    ) -> None:
+        """One in_order call of this process: its record collected with the others' (main), or posted."""
+        try:
+            record = records.capture(adapter, level, msg, args, kwargs)
+        except Exception as exc:  # a filter or formatter that raises: the call still counts, as a marker
+            _warn(f"a log record could not be built: {exc!r}")
+            record = None
+        if forked:  # a forked child (a DataLoader worker): the connection is its parent's
+            _warn("a forked process prints its own in_order records (the store connection is its parent's)")
+            self._print_here(record)
+        elif self._collector is not None:
+            self._collect(adapter, identity, record, timeout)
+        else:
+            self._post(identity, record)
+
+    def _warning(self, text: str) -> None:
+        """The main process's warning about a block: to its stream, through the in_order logger."""
+        record = _collector.warning_record(self._logger_name, text)
+        try:
+            records.emit(record)
+        except Exception as exc:  # a broken handler: say it on stderr rather than lose it
+            _warn(f"{text} (handler failed: {exc!r})")
+
+    def _collect(self, adapter: Any, identity: Identity, record: Optional[logging.LogRecord], timeout: float) -> None:
+        collector = self._collector
+        if collector is None:  # `call` saw it; only `close`, under the session's lock, drops it
+            return
+        self._logger_name = adapter.logger.name
+        collector.timeout = timeout  # `configure(timeout=...)` may come later
+        try:
+            collector.emit_call(identity, record)
+        except Exception as exc:  # not expected: the block handles the store and the handlers itself
+            _warn(f"gather mode could not collect the other ranks' records: {exc!r}")
+
+    def _post(self, identity: Identity, record: Optional[logging.LogRecord]) -> None:
+        if not self._main_gone:
+            try:
+                if self._outbox is None:  # at exit, after our side closed: nobody would read it
+                    raise RuntimeError("the process is exiting")
+                if self._outbox.post(*records.encode(identity, record)):
+                    return
+                _warn("the main process has finished; this rank prints its own in_order records from now on")
+            except Exception as exc:  # undeliverable: print it here rather than lose it
+                _warn(f"gather mode could not send a record to the main process, printing it on this rank: {exc!r}")
+            self._main_gone = True
+        self._print_here(record)
+
+    @staticmethod
+    def _print_here(record: Optional[logging.LogRecord]) -> None:
+        """This process's own handlers: for a record that cannot reach the main process."""
+        if record is not None:
+            try:
+                records.emit(record)
+            except Exception as exc:
+                warn_once(("gather-emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+
+    @property
+    def outbox(self) -> Optional[queues.Outbox]:
+        """A rank's outbox (None on the main process, and after `close`)."""
+        return self._outbox
+
+    def release(self, bound: float) -> None:
+        """Stop and join the clean-up thread, waiting up to `bound` s; the side stays usable."""
+        if self._outbox is not None and not self._outbox.close(bound):
+            _warn(f"the in_order clean-up thread did not stop within {bound:g} s; the process may abort at exit")
+
+    def close(self) -> None:
+        """At exit. Main process: emit what was delivered, seal the queues. Then drop the side's store objects."""
+        if self._collector is not None:
+            try:
+                self._collector.flush()
+            except Exception as exc:  # the store is gone at exit: nothing more can be delivered
+                _warn(f"gather mode could not flush records at exit: {exc!r}")
+        self._outbox = self._collector = None

@@ -1,0 +1,132 @@
+"""`InOrderSession` on an in-memory store (pure logic): mode agreement, a switch, a forked process, a store
+that fails. The same promises on a real job: tests/jobs/test_faults.py (mode disagreement, forked workers)."""
+
+import logging
+import os
+from types import SimpleNamespace
+
+import pytest
+from fake_store import FakeStore
+
+from accelerate_inorder_fix._diagnostics import DIAGNOSTICS
+from accelerate_inorder_fix.config import Settings
+from accelerate_inorder_fix import session as session_module
+from accelerate_inorder_fix.session import InOrderSession
+
+
+SITE = ("train.py", "step", 7)
+
+
+@pytest.fixture(autouse=True)
+def fresh_diagnostics(monkeypatch):
+    """Each test a process that has said nothing; its sessions touch neither torch's teardown nor atexit."""
+    DIAGNOSTICS.reset()
+    monkeypatch.delenv("ACCELERATE_INORDER_MODE", raising=False)
+    monkeypatch.setattr(session_module.teardown, "on_destroy", lambda release: None)
+    monkeypatch.setattr(session_module.atexit, "register", lambda close: None)
+    yield
+    DIAGNOSTICS.reset()
+
+
+def _rank(rank, world_size=2):
+    return SimpleNamespace(process_index=rank, num_processes=world_size, is_main_process=rank == 0)
+
+
+def _settings(mode=None, timeout=0.2):
+    settings = Settings()
+    settings.configure(mode=mode, timeout=timeout)
+    return settings
+
+
+def _sessions(store, n=2):
+    return [InOrderSession(open_store=lambda timeout: (store, None)) for _ in range(n)]
+
+
+def test_every_rank_takes_the_main_process_mode_and_a_rank_that_differs_says_so(capsys):
+    store = FakeStore()
+    main, rank1 = _sessions(store)
+    assert main.mode(_rank(0), _settings("gather")) == "gather"
+    assert rank1.mode(_rank(1), _settings("barrier")) == "gather"
+    assert "differs from the main process's; using the main process's mode, gather" in capsys.readouterr().err
+    for session in (main, rank1):
+        session.close()
+
+
+def test_a_configure_after_the_agreement_is_a_switch_every_rank_follows():
+    store = FakeStore()
+    main, rank1 = _sessions(store)
+    settings = [_settings("barrier"), _settings("barrier")]
+    assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["barrier", "barrier"]
+    for own in settings:
+        own.configure(mode="gather")
+    assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["gather", "gather"]
+    for session in (main, rank1):
+        session.close()
+
+
+def test_the_main_process_silent_leaves_a_rank_on_its_own_setting_after_the_timeout(capsys):
+    (rank1,) = _sessions(FakeStore(), n=1)
+    assert rank1.mode(_rank(1), _settings("barrier", timeout=0.05)) == "barrier"
+    assert "did not publish its in_order mode within 0.05 s" in capsys.readouterr().err
+    rank1.close()
+
+
+def test_a_store_that_fails_leaves_the_rank_on_its_own_setting_with_one_line(capsys):
+    class Broken(FakeStore):
+        def wait(self, keys, timeout=None):
+            raise ConnectionError("the store went away")
+
+    (rank1,) = _sessions(Broken(), n=1)
+    assert rank1.mode(_rank(1), _settings("gather")) == "gather"
+    assert "could not read the main process's in_order mode" in capsys.readouterr().err
+    rank1.close()
+
+
+def test_no_store_means_plain_barriers_and_gather_falls_back_to_barrier_mode(capsys):
+    session = InOrderSession(open_store=lambda timeout: (None, "torch.distributed has no default process group"))
+    settings = _settings("gather")
+    assert session.mode(_rank(1), settings) == "barrier"
+    assert (
+        "gather mode needs a torch.distributed c10d store (torch.distributed has no default" in capsys.readouterr().err
+    )
+    assert session.check_in(_rank(1), settings, SITE) == "plain"
+
+
+def test_a_forked_process_is_not_a_rank_it_never_checks_in_nor_posts(capsys):
+    store = FakeStore()
+    (rank1,) = _sessions(store, n=1)
+    settings = _settings("barrier")
+    rank1.mode(_rank(1), settings)  # opens the store in this process
+    rank1._pid = os.getpid() + 1  # as seen from a forked child: the connection is its parent's
+    assert rank1.forked()
+    assert rank1.check_in(_rank(1), settings, SITE) == "skip"
+    assert "a forked process logs its in_order records at once" in capsys.readouterr().err
+    assert not [key for key in store.data if key.startswith("b/")]  # it checked nothing in
+    rank1.close()
+
+
+def test_a_forked_process_in_gather_mode_prints_its_record_itself(capsys):
+    store = FakeStore()
+    main, rank1 = _sessions(store)
+    settings = _settings("gather")
+    main.mode(_rank(0), settings)
+    assert rank1.mode(_rank(1), settings) == "gather"
+    rank1._pid = os.getpid() + 1
+    seen = []
+    logger = logging.getLogger("aif.test.session")
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.handlers[:], logger.propagate = [handler], False
+    adapter = logging.LoggerAdapter(logger, {})
+    rank1.gather_call(_rank(1), settings, SITE, adapter, logging.WARNING, "from the child", (), {})
+    assert seen == ["from the child"]
+    assert not [key for key in store.data if key.startswith("1/")]  # nothing posted on the parent's connection
+    assert "a forked process prints its own in_order records" in capsys.readouterr().err
+    for session in (main, rank1):
+        session.close()
+
+
+def test_call_counts_are_per_site_and_give_each_call_its_identity():
+    (session,) = _sessions(FakeStore(), n=1)
+    other = ("train.py", "step", 9)
+    assert [session.count(SITE), session.count(SITE), session.count(other), session.count(SITE)] == [1, 2, 1, 3]
