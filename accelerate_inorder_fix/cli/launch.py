@@ -239,8 +239,12 @@ def run_scenarios(
     timeout: float = 120.0,
     stall: Optional[float] = 8.0,
     base_env: Optional[Mapping[str, str]] = None,
+    script: str = SCENARIO_SCRIPT,
 ) -> Job:
-    """Launch one job that runs `names` in sequence on `nproc` ranks; return the Job."""
-    cmd = launch_command([SCENARIO_SCRIPT, ",".join(names)], nproc, launcher, python)
+    """Launch one job that runs `names` in sequence on `nproc` ranks; return the Job.
+
+    `script`: the scenario worker (the package's, or one that adds scenarios of its own).
+    """
+    cmd = launch_command([script, ",".join(names)], nproc, launcher, python)
     env = scenario_env(patched, mode, pythonpath, base_env)
     return run(cmd, env=env, timeout=timeout, stall=stall)

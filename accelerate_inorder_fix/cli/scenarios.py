@@ -37,7 +37,7 @@ RESULT = "@@RESULT"
 # ---------------------------------------------------------------------------------------------
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     """One line in one write, so ranks sharing a pipe never split each other's lines."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -74,7 +74,7 @@ class Rank:
         return f"{scenario}#{call} r{self.index} at={where.f_code.co_name}:{where.f_lineno}"
 
     def result(self, scenario: str, key: str, value: Any) -> None:
-        _say(f"{RESULT} {scenario} r{self.index} {key}={json.dumps(value)}")
+        say(f"{RESULT} {scenario} r{self.index} {key}={json.dumps(value)}")
 
     def all_reduce_sum(self) -> float:
         import torch
@@ -178,45 +178,8 @@ PARTIAL = {"partial": partial}
 CHECK_SCENARIOS = {**SCENARIOS, **PARTIAL}
 
 
-# Fault scenarios: user errors and lost ranks, which only gather mode survives (barrier mode hangs,
-# as upstream does). Kept apart so that running "all scenarios" stays safe in every mode.
-
-
-def subset(r: Rank) -> None:
-    """The last rank skips call 1 (a user error); a collective and another in_order call follow."""
-    import time
-
-    if r.index != r.size - 1:
-        r.stagger()
-        start = time.monotonic()
-        r.log.info(r.tag("subset", 1), in_order=True)
-        r.result("subset", "seconds", round(time.monotonic() - start, 3))
-    r.result("subset", "sum", r.all_reduce_sum())
-    r.stagger()
-    r.log.info(r.tag("subset", 2), in_order=True)
-
-
-def early_exit(r: Rank) -> str:
-    """The last rank leaves before call 1: cleanly (exit code 0) or, with `AIF_CRASH=kill`, killed.
-
-    The others make the call and end without another collective (it could not complete).
-    """
-    import signal
-
-    if r.index == r.size - 1:
-        if os.environ.get("AIF_CRASH") == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        os._exit(0)
-    r.stagger()
-    r.log.info(r.tag("early_exit", 1), in_order=True)
-    _say(f"{DONE} early_exit r{r.index}")
-    return "stop"
-
-
-FAULT_SCENARIOS: dict[str, Callable[[Rank], Optional[str]]] = {f.__name__: f for f in (subset, early_exit)}
-
-
-def _worker(names: list[str]) -> None:
+def run_worker(names: list[str], extra: Optional[dict[str, Callable[[Rank], Optional[str]]]] = None) -> None:
+    """This rank's side of a scenario job: run `names` (from `CHECK_SCENARIOS`, or `extra`) in sequence."""
     # AIF_PATCH=1: import the package before accelerate; =late: after the logger exists (loggers
     # created before the patch must be covered too); anything else: leave accelerate as it is.
     patch = os.environ.get("AIF_PATCH")
@@ -239,14 +202,14 @@ def _worker(names: list[str]) -> None:
     if patch == "late":
         import accelerate_inorder_fix  # noqa: F401
     for name in names:
-        if {**CHECK_SCENARIOS, **FAULT_SCENARIOS}[name](rank) == "stop":
+        if {**CHECK_SCENARIOS, **(extra or {})}[name](rank) == "stop":
             return  # the scenario ended the job on this rank (a lost rank: no collective can follow)
         # A collective after every scenario: a rank that skipped or added a barrier shows up here as
         # a hang or a wrong sum, as it would in the user's next training step.
         rank.result(name, "sum", rank.all_reduce_sum())
         rank.result(name, "slowest_call", round(rank.slowest_call, 3))
         rank.slowest_call = 0.0
-        _say(f"{DONE} {name} r{rank.index}")
+        say(f"{DONE} {name} r{rank.index}")
     # Tear the process group down explicitly, as a script should: torch 2.13 with gloo can abort at
     # exit ("terminate called without an active exception") when the group is left to interpreter
     # exit. The package's own store threads are released before this (issue 24) and at exit; the
@@ -347,7 +310,7 @@ def check(name: str, nproc: int, lines: list[str]) -> tuple[str, str]:
         return "missing", f"records {got}, expected {wanted}"
     if name != "caller" and got != wanted:
         return "unordered", f"records {got}, expected {wanted}"
-    problem = _site_or_prefix_problem(records, lines, name)
+    problem = site_or_prefix_problem(records, lines, name)
     if problem:
         return problem
     if name == "exception":
@@ -362,13 +325,16 @@ def check(name: str, nproc: int, lines: list[str]) -> tuple[str, str]:
     return "ordered", ""
 
 
+WARNING = re.compile(r"accelerate-inorder-fix: .*no record from rank\(s\) (?P<ranks>[\d, ]+) within")
+
+
 def _named_missing(lines: list[str], name: str) -> Optional[str]:
     """The first "no record from rank" warning about scenario `name`'s calls (or about no call), else None."""
-    functions = {*CHECK_SCENARIOS, *FAULT_SCENARIOS}
+    functions = set(CHECK_SCENARIOS)
     if name in PARTIAL:  # its ranks are missing by design: the warning is the point
         return None
     for line in lines:
-        if _WARNING.search(line):
+        if WARNING.search(line):
             about = {f for f in functions if f" in {f} (call " in line}
             if name in about or not about:
                 return line
@@ -386,7 +352,7 @@ def _slowest_calls(lines: list[str], name: str) -> dict[int, float]:
     return found
 
 
-def _site_or_prefix_problem(
+def site_or_prefix_problem(
     records: list[tuple[int, int, str, str, int]], lines: list[str], name: str
 ) -> Optional[tuple[str, str]]:
     """('caller', detail) or ('prefix', detail) for the first record reporting the wrong site or rank, else None."""
@@ -399,50 +365,5 @@ def _site_or_prefix_problem(
     return None
 
 
-_WARNING = re.compile(r"accelerate-inorder-fix: .*no record from rank\(s\) (?P<ranks>[\d, ]+) within")
-
-
-def warned_ranks(lines: list[str]) -> list[list[int]]:
-    """[[ranks named by one warning], ...] in output order."""
-    return [[int(x) for x in m["ranks"].split(",")] for m in map(_WARNING.search, lines) if m]
-
-
-def check_fault(name: str, nproc: int, lines: list[str], timeout: float) -> tuple[str, str]:
-    """Verdict for a fault scenario in gather mode: ('ordered', '') or (problem, detail).
-
-    Problems as in `check`, plus 'warning' (the absent rank is not named exactly once, in the
-    right place) and 'slow' (a rank's call took longer than the timeout + 1 s).
-    """
-    last = nproc - 1
-    others = list(range(last))
-    finished = done_ranks(lines, name)
-    want_done = set(others) if name == "early_exit" else set(range(nproc))
-    if finished != want_done:
-        return "deadlock", f"ranks {sorted(want_done - finished)} never finished"
-    want_sum = nproc * (nproc + 1) / 2
-    for line in lines:
-        if line.startswith(f"{RESULT} {name} r"):
-            key, value = line.split()[3].split("=", 1)
-            if key == "sum" and json.loads(value) != want_sum:
-                return "desync", f"all_reduce gave {value}, expected {want_sum}"
-            if key == "seconds" and json.loads(value) > timeout + 1:
-                return "slow", line
-    records = parse(lines, name)
-    got = [(call, rank) for call, rank, *_ in records]
-    wanted = [(1, r) for r in others] + ([(2, r) for r in range(nproc)] if name == "subset" else [])
-    if got != wanted:
-        return "unordered", f"records {got}, expected {wanted}"
-    problem = _site_or_prefix_problem(records, lines, name)
-    if problem:
-        return problem
-    warnings = [(i, ranks) for i, line in enumerate(lines) for ranks in warned_ranks([line])]
-    if [ranks for _, ranks in warnings] != [[last]]:
-        return "warning", f"warnings name {[ranks for _, ranks in warnings]}, expected [[{last}]]"
-    end_of_call_1 = records[len(others) - 1][4]
-    if not end_of_call_1 < warnings[0][0] < (records[len(others)][4] if name == "subset" else len(lines)):
-        return "warning", "the warning is not right after the block it is about"
-    return "ordered", ""
-
-
 if __name__ == "__main__":
-    _worker(sys.argv[1].split(",") if len(sys.argv) > 1 else list(SCENARIOS))
+    run_worker(sys.argv[1].split(",") if len(sys.argv) > 1 else list(SCENARIOS))

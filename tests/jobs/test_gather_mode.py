@@ -19,6 +19,10 @@ from accelerate_inorder_fix.cli import launch as _launch
 from accelerate_inorder_fix.cli import scenarios
 
 
+sys.path.insert(0, str(SCRIPTS))
+import fault_scenarios  # noqa: E402  (tests/jobs/scripts: the fault scenarios, for the tests only)
+
+
 FAULT_TIMEOUT = 3.0  # ACCELERATE_INORDER_TIMEOUT in the fault jobs: short, so the tests are too
 # ACCELERATE_INORDER_TIMEOUT in the jobs where every rank calls: a rank whose record or empty marker does not
 # come costs the main process this much, and `scenarios.check` fails on the warning naming it and on the slow call.
@@ -65,6 +69,7 @@ def _fault_job(name, mode, version="1.15.0", nproc=4, timeout=90, stall=20):
         timeout=timeout,
         stall=stall,
         base_env=_fault_env(),
+        script=fault_scenarios.SCRIPT,
     )
 
 
@@ -72,7 +77,7 @@ def _fault_job(name, mode, version="1.15.0", nproc=4, timeout=90, stall=20):
 def test_subset_call_warns_and_keeps_working(version):
     job = _fault_job("subset", "gather", version)
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
-    assert scenarios.check_fault("subset", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
+    assert fault_scenarios.check_fault("subset", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
     assert_gather_ran(job, ["subset"])
 
 
@@ -95,16 +100,16 @@ def test_subset_call_in_barrier_mode_costs_one_timeout_and_is_named():
 def test_rank_that_exits_early():
     job = _fault_job("early_exit", "gather")
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
-    assert scenarios.check_fault("early_exit", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
+    assert fault_scenarios.check_fault("early_exit", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
     assert_gather_ran(job, ["early_exit"])
 
 
 def test_rank_that_is_killed():
     env = _launch.scenario_env(True, "gather", _pythonpath("1.15.0"), dict(_fault_env(), AIF_CRASH="kill"))
-    cmd = [sys.executable, str(SCRIPTS / "spawn_ranks.py"), "4", _launch.SCENARIO_SCRIPT, "early_exit"]
+    cmd = [sys.executable, str(SCRIPTS / "spawn_ranks.py"), "4", fault_scenarios.SCRIPT, "early_exit"]
     job = _launch.run(cmd, env=env, timeout=90, stall=20)
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
-    assert scenarios.check_fault("early_exit", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
+    assert fault_scenarios.check_fault("early_exit", 4, job.lines, FAULT_TIMEOUT) == ("ordered", ""), job.lines
     assert_gather_ran(job, ["early_exit"])
 
 

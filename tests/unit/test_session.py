@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 from fake_store import FakeStore
 
+from accelerate_inorder_fix import session as session_module
 from accelerate_inorder_fix._diagnostics import DIAGNOSTICS
 from accelerate_inorder_fix.config import Settings
-from accelerate_inorder_fix import session as session_module
 from accelerate_inorder_fix.session import InOrderSession
 
 
