@@ -16,6 +16,10 @@ A bad value never passes silently: the process says once, on stderr, which varia
 and what it uses instead. `configure()` raises `ValueError` for the same values.
 
 Internal variables (the tools' job markers and scenario switches) share the prefix `AIF_`.
+
+Read from the launcher: `WORLD_SIZE` and `LOCAL_WORLD_SIZE` (torchrun, `accelerate launch`), to know
+whether a job spans several hosts (`spans_hosts`); `LOCAL_RANK`, to know which process speaks for its
+host (`speaks_for_host`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ SCENARIO_CRASH_ENV = "AIF_CRASH"
 # for the switch); any other word is a typo, reported by `check_switches`.
 ON_WORDS = ("", "1", "on", "true", "yes")
 SWITCH_WORDS = {SWITCH_ENV: (*OFF_WORDS, *ON_WORDS, "force"), STARTUP_ENV: (*OFF_WORDS, *ON_WORDS)}
+
+# Set by torchrun (and so by `accelerate launch`) in every rank.
+WORLD_SIZE_ENV = "WORLD_SIZE"
+LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"
+LOCAL_RANK_ENV = "LOCAL_RANK"
 
 MODES = ("barrier", "gather")
 DEFAULT_MODE = "barrier"
@@ -159,6 +168,17 @@ class Settings:
 
 
 SETTINGS = Settings()
+
+
+def spans_hosts() -> bool:
+    """True when the launcher says the job has more ranks than this host (`WORLD_SIZE` > `LOCAL_WORLD_SIZE`).
+
+    torchrun sets both in every rank; a job started otherwise (no `LOCAL_WORLD_SIZE`) counts as one host.
+    """
+    try:
+        return int(os.environ[WORLD_SIZE_ENV]) > int(os.environ[LOCAL_WORLD_SIZE_ENV])
+    except (KeyError, ValueError):
+        return False
 
 
 def check_switches() -> None:

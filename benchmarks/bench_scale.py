@@ -122,7 +122,11 @@ def _serve(conn: Connection) -> None:
 
 
 def _record(count: int, rank: int) -> logging.LogRecord:
-    return logging.LogRecord(LOGGER, logging.INFO, "/job/bench_scale.py", SITE[2], f"step {count} r{rank}", None, None)
+    record = logging.LogRecord(
+        LOGGER, logging.INFO, "/job/bench_scale.py", SITE[2], f"step {count} r{rank}", None, None
+    )
+    record.rank, record.hostname = rank, "node-a"  # every record from a rank's queue says where it comes from
+    return record
 
 
 def _post(outbox: Any, rank: int, count: int, timings: Optional[list[float]]) -> None:

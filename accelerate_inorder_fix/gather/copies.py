@@ -152,7 +152,7 @@ class CopyReader:
         """
         if len(line) == _FULL:
             try:
-                identity, record = records.from_document(line[_DOCUMENT])
+                identity, record = records.from_document(line[_DOCUMENT], rank)
             except records.MalformedRecord:
                 return None
             if record is not None:  # before any handler has touched it

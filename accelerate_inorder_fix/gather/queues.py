@@ -221,7 +221,7 @@ class StoreInbox:
             names = [self._next_key(ranks[i]) for i in missing]
             payloads = self.store.multi_get(names) if self.batched else [self.store.get(name) for name in names]
             for i, payload in zip(missing, payloads):
-                items[i] = records.decode(payload)
+                items[i] = records.decode(payload, ranks[i])
         for rank in ranks:
             self.cursor[rank] += 1
         return [item for item in items if item is not None]  # each is, by now
@@ -297,6 +297,6 @@ class StoreInbox:
             payload = bytes(self.store.compare_set(name, "", TOMBSTONE))
             if payload == TOMBSTONE:
                 return found
-            found.append(records.decode(payload))
+            found.append(records.decode(payload, rank))
             self.store.delete_key(name)
             self.cursor[rank] += 1

@@ -11,6 +11,10 @@ reach the master port can write into a rank's queue, so whatever the main proces
 untrusted. JSON decoding builds only str, int, float, bool, None, lists and dicts: it runs no code and
 imports nothing, whatever the bytes say. Bytes that are not a record of this format raise
 `MalformedRecord`; the collector turns that into one warning and no record for the call.
+
+Every record says where it comes from (`Origin`): its `rank` and `hostname` attributes, and, in its
+message, the `[RANK n] ` tag accelerate 1.13+ gives (added here on older releases), led by `[host] `
+on a job over several hosts. A record read from rank r's queue must say `rank` r and name a host.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from .._callsite import Identity, counted_from_here
 
@@ -26,7 +30,8 @@ from .._callsite import Identity, counted_from_here
 # The wire format's version: a main process refuses payloads of any other (nodes must run one release).
 # Version 2: a record is a JSON list in a fixed order (`FIELDS`, then an object of the rest), not an
 # object: names are not sent with every record, and the main process decodes each several times faster.
-VERSION = 2
+# Version 3: a record read from a rank's queue carries its `rank` and `hostname` (`Origin`).
+VERSION = 3
 
 # The attributes every LogRecord has, sent by position.
 FIELDS = (
@@ -68,6 +73,28 @@ class MalformedRecord(ValueError):
     """Bytes read from a rank's queue that are not a record of this format (foreign or damaged)."""
 
 
+class Origin(NamedTuple):
+    """Where a gather-mode record comes from: set on it as `rank` and `hostname`, and shown in its message.
+
+    `several_hosts`: the job spans more than one host (`config.spans_hosts`), so the host is shown too.
+    """
+
+    rank: int
+    hostname: str
+    several_hosts: bool
+
+    def tag(self, msg: Any) -> Any:
+        """`msg` as the main process prints it: `[RANK n] msg` (not tagged twice), led by `[host] ` if several."""
+        rank_tag = f"[RANK {self.rank}] "
+        tagged = msg if isinstance(msg, str) and msg.startswith(rank_tag) else f"{rank_tag}{msg}"
+        return f"[{self.hostname}] {tagged}" if self.several_hosts else tagged
+
+    def stamp(self, record: logging.LogRecord) -> None:
+        """Set the record's `rank` and `hostname` (the package's: a user's `extra` of these names is replaced)."""
+        record.rank = self.rank
+        record.hostname = self.hostname
+
+
 class _Catch:
     """A logger filter that, for one thread, keeps the record and stops it before the handlers.
 
@@ -86,16 +113,24 @@ class _Catch:
 
 
 def capture(
-    adapter: logging.LoggerAdapter[Any], level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    adapter: logging.LoggerAdapter[Any],
+    level: int,
+    msg: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    origin: Optional[Origin] = None,
 ) -> Optional[logging.LogRecord]:
     """The record this rank's logger makes for the call, or None when its level/filters drop it.
 
+    `origin`: the message is tagged (after upstream's `process`, as 1.13+ tags it) and the record stamped.
     `kwargs["stacklevel"]` counts from the wrapper, which this function is some frames below
     (`_callsite`: the frames are counted, not written down).
     """
     if not adapter.isEnabledFor(level):
         return None
     msg, processed = adapter.process(msg, counted_from_here(kwargs))
+    if origin is not None:
+        msg = origin.tag(msg)
     logger = adapter.logger
     catch = _Catch()
     # Appended last: the logger's own filters run first, and one that rejects stops the record here
@@ -105,6 +140,8 @@ def capture(
         logger.log(level, msg, *args, **processed)
     finally:
         logger.removeFilter(catch)
+    if origin is not None and catch.record is not None:
+        origin.stamp(catch.record)
     return catch.record
 
 
@@ -250,13 +287,25 @@ def _identity(call: Any, count: Any) -> Identity:
     raise MalformedRecord("its call identity is not ((file, function, line), count)")
 
 
-def _record(values: Any) -> logging.LogRecord:
+def _check_origin(extras: dict[str, Any], rank: Optional[int]) -> None:
+    """A record read from `rank`'s queue must say it is `rank`'s and name its host (anywhere else: if it says)."""
+    if rank is None and "rank" not in extras and "hostname" not in extras:
+        return
+    sender, host = extras.get("rank"), extras.get("hostname")
+    if type(sender) is not int or (rank is not None and sender != rank):
+        raise MalformedRecord(f"its record's 'rank' is {_repr(sender)}, not the rank of its queue ({rank})")
+    if type(host) is not str:
+        raise MalformedRecord(f"its record's 'hostname' is {_repr(host)}, not a str")
+
+
+def _record(values: Any, rank: Optional[int] = None) -> logging.LogRecord:
     if type(values) is not list or len(values) != len(FIELDS) + 3 or type(values[-1]) is not dict:
         raise MalformedRecord(f"its record is not a list of {len(FIELDS) + 2} fields and an object")
     for place, key, kinds in _CHECKED:
         if type(values[place]) not in kinds:
             raise MalformedRecord(f"its record's {key!r} is not a {kinds[0].__name__}")
     extras = values[-1]
+    _check_origin(extras, rank)
     record = _NEW_RECORD(logging.LogRecord)
     attributes = dict(zip(_ATTRIBUTES, values))  # FIELDS, then args and exc_info: None
     if extras:
@@ -265,17 +314,20 @@ def _record(values: Any) -> logging.LogRecord:
     return record
 
 
-def from_document(document: Any) -> tuple[Identity, Optional[logging.LogRecord]]:
-    """`(identity, LogRecord or None)` from a parsed payload; `MalformedRecord` if it is not one."""
+def from_document(document: Any, rank: Optional[int] = None) -> tuple[Identity, Optional[logging.LogRecord]]:
+    """`(identity, LogRecord or None)` from a parsed payload; `MalformedRecord` if it is not one.
+
+    `rank`: the queue it was read from; its record must carry `rank` (that one) and `hostname`.
+    """
     if type(document) is not list or len(document) != 4 or type(document[0]) is not int or document[0] != VERSION:
         raise MalformedRecord(f"not a version-{VERSION} record of accelerate-inorder-fix")
     identity = _identity(document[1], document[2])
     data = document[3]
-    return identity, (None if data is None else _record(data))
+    return identity, (None if data is None else _record(data, rank))
 
 
-def from_bytes(payload: bytes) -> tuple[Identity, Optional[logging.LogRecord]]:
-    """`(identity, LogRecord or None)` from `to_bytes` output.
+def from_bytes(payload: bytes, rank: Optional[int] = None) -> tuple[Identity, Optional[logging.LogRecord]]:
+    """`(identity, LogRecord or None)` from `to_bytes` output (`rank`: as `from_document`).
 
     Only JSON is parsed: nothing in the payload is executed or imported. Anything else (serialised
     Python objects, truncated or foreign bytes, another version) raises `MalformedRecord`.
@@ -286,13 +338,15 @@ def from_bytes(payload: bytes) -> tuple[Identity, Optional[logging.LogRecord]]:
         document = json.loads(payload)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise MalformedRecord(f"{len(payload)} bytes that are not JSON ({type(exc).__name__})") from None
-    return from_document(document)
+    return from_document(document, rank)
 
 
-def decode(payload: bytes) -> Union[tuple[Identity, Optional[logging.LogRecord]], MalformedRecord]:
-    """`from_bytes(payload)`, or the `MalformedRecord` saying why it is not a record (returned, not raised)."""
+def decode(
+    payload: bytes, rank: Optional[int] = None
+) -> Union[tuple[Identity, Optional[logging.LogRecord]], MalformedRecord]:
+    """`from_bytes(payload, rank)`, or the `MalformedRecord` saying why it is not a record (returned, not raised)."""
     try:
-        return from_bytes(payload)
+        return from_bytes(payload, rank)
     except MalformedRecord as exc:
         return exc
 

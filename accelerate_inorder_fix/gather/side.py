@@ -11,10 +11,12 @@ delivered and seals every queue: a record posted after that is printed by the ra
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any, Optional
 
 from .._callsite import Identity
 from .._diagnostics import warn_once
+from ..config import spans_hosts
 from ..store import connection
 from ..store.connection import Store
 from . import collector as _collector
@@ -39,6 +41,8 @@ class GatherSide:
         self._collector: Optional[_collector.Collector] = None
         self._logger_name = "root"
         self._main_gone = False
+        # Where this process's records come from (the host as named when gather mode starts here).
+        self._origin = records.Origin(rank, socket.gethostname(), spans_hosts())
         if rank == 0:
             inbox = queues.StoreInbox(store, world_size)
             self._collector = _collector.Collector(inbox, world_size, timeout, self._warning)
@@ -60,7 +64,7 @@ class GatherSide:
     ) -> None:
         """One in_order call of this process: its record collected with the others' (main), or posted."""
         try:
-            record = records.capture(adapter, level, msg, args, kwargs)
+            record = records.capture(adapter, level, msg, args, kwargs, self._origin)
         except Exception as exc:  # a filter or formatter that raises: the call still counts, as a marker
             _warn(f"a log record could not be built: {exc!r}")
             record = None

@@ -39,7 +39,7 @@ class Emitted(logging.Handler):
 def _record(site, count, rank):
     record = logging.LogRecord(LOGGER, logging.INFO, site[0], site[2], f"{site}#{count} r{rank}", None, None)
     # A list: records travel as JSON data, where a tuple would arrive as its repr.
-    record.site, record.count, record.rank = list(site), count, rank
+    record.site, record.count, record.rank, record.hostname = list(site), count, rank, "node-a"
     return record
 
 

@@ -42,7 +42,9 @@ def kept():
 
 
 def record(call, rank):
-    return logging.makeLogRecord({"name": LOGGER, "msg": f"c{call} r{rank}", "levelno": logging.INFO})
+    return logging.makeLogRecord(
+        {"name": LOGGER, "msg": f"c{call} r{rank}", "levelno": logging.INFO, "rank": rank, "hostname": "node-a"}
+    )
 
 
 def site(call):

@@ -24,7 +24,7 @@ def _record(count, rank, **attributes):
     record = logging.LogRecord(
         "aif.unit.copies", logging.INFO, "/job/train.py", 7, f"step {count} r{rank}", None, None
     )
-    record.__dict__.update(attributes)
+    record.__dict__.update(rank=rank, hostname="node-a", **attributes)
     return record
 
 

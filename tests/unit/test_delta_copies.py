@@ -131,7 +131,7 @@ def _identities(plan: Plan) -> list[Identity]:
 def _record(call: int, rank: int, epoch: int) -> logging.LogRecord:
     record = logging.LogRecord(LOGGER, logging.INFO, "/job/train.py", 10, f"call {call} rank {rank}", None, None)
     record.created += call  # the dynamic part changes at every call
-    record.epoch = epoch
+    record.epoch, record.rank, record.hostname = epoch, rank, "node-a"
     return record
 
 

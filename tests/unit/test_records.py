@@ -389,6 +389,11 @@ def test_decoding_never_imports_or_evaluates(tmp_path):
 # -- the collector: foreign bytes count as that rank's empty record of the call -------------------
 
 
+def _origin(rank):
+    """The attributes a record read from `rank`'s queue carries (`records.Origin`)."""
+    return {"rank": rank, "hostname": "node-a"}
+
+
 def _queues(payloads_by_rank, world_size):
     """The real Inbox over torch's in-memory store, every payload already posted by the real Outbox."""
     import torch.distributed as dist
@@ -409,8 +414,11 @@ def test_collector_counts_foreign_bytes_as_that_ranks_empty_record(caplog):
     later = (("train.py", "step", 42), 4)
     queues = _queues(
         {
-            1: [b"\x80\x04garbage", records.to_bytes(later, _record(msg="r1 later", args=()))],
-            2: [records.to_bytes(IDENTITY, _record(msg="r2", args=())), records.to_bytes(later, None)],
+            1: [b"\x80\x04garbage", records.to_bytes(later, _record(msg="r1 later", args=(), extra=_origin(1)))],
+            2: [
+                records.to_bytes(IDENTITY, _record(msg="r2", args=(), extra=_origin(2))),
+                records.to_bytes(later, None),
+            ],
         },
         3,
     )
@@ -450,3 +458,39 @@ def test_no_pickle_marshal_or_eval_anywhere_in_the_package():
     ]
     assert found == []
     assert len(list(PACKAGE.rglob("*.py"))) > 10  # the walk saw the package
+
+
+# -- where a record comes from (issue 28): its rank and host, checked against the queue it was read from --
+
+
+def test_origin_tags_a_message_as_accelerate_1_13_does_and_never_twice():
+    here = records.Origin(2, "node-b", several_hosts=False)
+    assert here.tag("shard loaded") == "[RANK 2] shard loaded"
+    assert here.tag("[RANK 2] shard loaded") == "[RANK 2] shard loaded"  # 1.13+'s `process()` tagged it already
+    assert here.tag({"step": 1}) == "[RANK 2] {'step': 1}"  # a non-str message, as 1.13+'s f-string gives it
+    assert here._replace(several_hosts=True).tag("[RANK 2] x") == "[node-b] [RANK 2] x"
+
+
+def test_a_record_read_from_a_queue_carries_that_rank_and_its_host():
+    _, got = records.from_bytes(records.to_bytes(IDENTITY, _record(extra=_origin(1))), rank=1)
+    assert (got.rank, got.hostname) == (1, "node-a")
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [{}, {"hostname": "node-a"}, {"rank": 1}, _origin(2), {"rank": True, "hostname": "node-a"},
+     {"rank": "1", "hostname": "node-a"}, {"rank": 1, "hostname": 7}, {"rank": 1, "hostname": None}],
+)  # fmt: skip
+def test_a_record_claiming_another_rank_or_no_host_is_refused(origin):
+    payload = records.to_bytes(IDENTITY, _record(extra=origin))
+    with pytest.raises(records.MalformedRecord, match="'rank'|'hostname'"):
+        records.from_bytes(payload, rank=1)
+
+
+def test_a_full_copy_claiming_another_rank_is_not_used():
+    """The copy says rank 2's record in rank 1's place: not used (rank 1's key is read instead)."""
+    from accelerate_inorder_fix.gather import copies
+
+    payload, document = records.encode(IDENTITY, _record(extra=_origin(2)))
+    (line,) = copies.parse_slot(copies.Copier(1, refresh=16).line(0, payload, document), 3)
+    assert copies.CopyReader().decode(1, line) is None

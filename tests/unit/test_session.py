@@ -119,7 +119,7 @@ def test_a_forked_process_in_gather_mode_prints_its_record_itself(capsys):
     logger.handlers[:], logger.propagate = [handler], False
     adapter = logging.LoggerAdapter(logger, {})
     rank1.gather_call(_rank(1), settings, SITE, adapter, logging.WARNING, "from the child", (), {})
-    assert seen == ["from the child"]
+    assert seen == ["[RANK 1] from the child"]  # a gather-mode record names its rank wherever it is printed
     assert not [key for key in store.data if key.startswith("1/")]  # nothing posted on the parent's connection
     assert "a forked process prints its own in_order records" in capsys.readouterr().err
     for session in (main, rank1):

@@ -109,3 +109,16 @@ def test_switch_words(monkeypatch, value, word):
     else:
         monkeypatch.setenv(config.SWITCH_ENV, value)
     assert config.switch() == word
+
+
+@pytest.mark.parametrize(
+    "world,local,several",
+    [("4", "2", True), ("4", "4", False), (None, "2", False), ("4", None, False), ("x", "2", False)],
+)
+def test_a_job_spans_hosts_when_the_launcher_says_it_has_more_ranks_than_this_host(monkeypatch, world, local, several):
+    for name, value in ((config.WORLD_SIZE_ENV, world), (config.LOCAL_WORLD_SIZE_ENV, local)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert config.spans_hosts() is several

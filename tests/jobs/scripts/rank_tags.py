@@ -1,0 +1,42 @@
+"""Every rank logs the same message once, in_order, through a handler with the format FORMAT; then exits.
+
+In gather mode the main process prints every rank's record: each line must say which rank (and, over
+several hosts, which host) it came from, whatever the accelerate release.
+
+With `--fake-hosts` each node's ranks report the host name `node-<GROUP_RANK>` (torchrun's node rank):
+a test's stand-in for two machines when both "nodes" of a loopback job run on this one. It replaces
+`socket.gethostname` in this script, before the first in_order call; the package has no test switch.
+
+    torchrun --nproc_per_node 4 rank_tags.py FORMAT [--fake-hosts]
+"""
+
+import logging
+import os
+import socket
+import sys
+
+import accelerate_inorder_fix  # noqa: F401 -- patches accelerate
+
+
+FORMAT = sys.argv[1]
+if "--fake-hosts" in sys.argv[2:]:
+    socket.gethostname = lambda: f"node-{os.environ['GROUP_RANK']}"
+
+
+def main():
+    from accelerate import PartialState
+    from accelerate.logging import get_logger
+
+    PartialState(cpu=True)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    base = logging.getLogger("aif.tags")
+    base.addHandler(handler)
+    base.setLevel(logging.INFO)
+    base.propagate = False
+    get_logger("aif.tags").info("shard loaded", in_order=True)
+    handler.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Every gather-mode line says which rank, and over several hosts which host, it came from (issue 28).
+
+In gather mode the main process prints every rank's record. accelerate 1.13+ tags a message
+`[RANK n] ` in `process()`; before 1.13 nothing did, so four ranks logging "shard loaded" gave four
+identical lines. Each job runs under a hard timeout; the launcher's exit code is asserted.
+"""
+
+import shlex
+import sys
+
+import pytest
+from conftest import REPO, SCRIPTS, accelerate_dir
+
+from accelerate_inorder_fix.cli import launch as _launch
+
+
+SCRIPT = str(SCRIPTS / "rank_tags.py")
+BOUND = 60.0  # seconds a job of one in_order call may take on a loaded 2-core machine, start-up included
+
+
+def _env(version):
+    return _launch.scenario_env(True, "gather", [accelerate_dir(version), str(REPO)])
+
+
+@pytest.mark.parametrize("version", ["1.12.0", "1.15.0"])
+def test_every_gather_line_names_its_rank_exactly_once(version):
+    """4 ranks log the same message with format `%(message)s`: four lines, each naming its own rank, once."""
+    cmd = _launch.launch_command([SCRIPT, "%(message)s"], 4)
+    job = _launch.run(cmd, env=_env(version), timeout=120, stall=30)
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
+    assert job.lines == [f"[RANK {rank}] shard loaded" for rank in range(4)], job.lines
+    assert job.elapsed < BOUND, job
+
+
+def test_over_two_hosts_each_line_names_its_host_and_rank(tmp_path):
+    """2 nodes x 2 ranks on a loopback rendezvous, each node's ranks reporting a host name of its own.
+
+    The two "hosts" are one machine: the script replaces `socket.gethostname` (`--fake-hosts`). Whether
+    the job spans hosts comes from torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE, as on real nodes.
+    """
+    port = _launch.free_port()
+    nodes = []
+    for node in (0, 1):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+            "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
+            SCRIPT, "%(hostname)s|%(rank)s|%(message)s", "--fake-hosts",
+        ]  # fmt: skip
+        nodes.append(f"{shlex.join(cmd)} > {tmp_path}/node{node}.out")
+    script = f"{nodes[0]} & a=$!; {nodes[1]} & b=$!; wait $a; ra=$?; wait $b; rb=$?; exit $((ra | rb))"
+    job = _launch.run(["bash", "-c", script], env=_env("1.12.0"), timeout=120)
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
+    node0 = (tmp_path / "node0.out").read_text().splitlines()
+    node1 = (tmp_path / "node1.out").read_text().splitlines()
+    hosts = ["node-0", "node-0", "node-1", "node-1"]
+    assert node0 == [f"{host}|{rank}|[{host}] [RANK {rank}] shard loaded" for rank, host in enumerate(hosts)], node0
+    assert node1 == [], node1  # the main process printed every record
+    assert job.elapsed < BOUND, job
