@@ -12,8 +12,10 @@ Users set:
   rank's record in gather mode, and a rank waits for the main process's mode at its first in_order
   call. `inf` is refused: every wait has a bound.
 
-A bad value never passes silently: the process says once, on stderr, which variable, which value,
-and what it uses instead. `configure()` raises `ValueError` for the same values.
+A bad value never passes silently: it is said once per host, on stderr, by the host's local main
+process (`speaks_for_host`): which variable, which value, and what is used instead. Every process
+uses the default all the same. `configure()` raises `ValueError` for the same values, and
+`accelerate-inorder-fix status` exits 2 naming them (`setting_problems`).
 
 Internal variables (the tools' job markers and scenario switches) share the prefix `AIF_`.
 
@@ -48,6 +50,9 @@ __all__ = [
     "Settings",
     "check_switches",
     "configure",
+    "setting_problems",
+    "spans_hosts",
+    "speaks_for_host",
     "parse_mode",
     "parse_timeout",
     "switch",
@@ -123,7 +128,7 @@ class Settings:
         try:
             return parse(raw)
         except ValueError as exc:
-            warn_once(("setting", name, raw), f"{name}={raw!r} is not valid ({exc}); using {default!r}")
+            _say_bad_setting(name, raw, f"{name}={raw!r} is not valid ({exc}); using {default!r}")
             return default
 
     def mode(self) -> str:
@@ -187,11 +192,46 @@ def check_switches() -> None:
     The start-up hook reads these with the least code possible and takes an unknown word as "on";
     the package, once imported, says so rather than let a typo (`of`, `disable`) pass silently.
     """
+    for name, raw, problem in _switch_problems():
+        _say_bad_setting(name, raw, f"{name}={raw!r} is {problem}; using 'on'")
+
+
+def _switch_problems() -> list[tuple[str, str, str]]:
+    problems = []
     for name, words in SWITCH_WORDS.items():
         raw = os.environ.get(name)
         if raw is not None and raw.strip().lower() not in words:
-            accepted = "/".join(w for w in words if w)
-            warn_once(("setting", name, raw), f"{name}={raw!r} is not one of {accepted}; using 'on'")
+            problems.append((name, raw, f"not one of {'/'.join(w for w in words if w)}"))
+    return problems
+
+
+def setting_problems() -> list[tuple[str, str, str]]:
+    """Every variable of the package set to a value that means nothing: `(name, value, what is wrong)`."""
+    problems = []
+    for name, parse in ((MODE_ENV, parse_mode), (TIMEOUT_ENV, parse_timeout)):
+        raw = os.environ.get(name)
+        if raw is not None and raw.strip():
+            try:
+                parse(raw)
+            except ValueError as exc:
+                problems.append((name, raw, str(exc)))
+    return problems + _switch_problems()
+
+
+def speaks_for_host() -> bool:
+    """True in the process that reports this host's bad settings: its local main (`LOCAL_RANK` 0).
+
+    torchrun, `accelerate launch` and `notebook_launcher` set `LOCAL_RANK` in every rank. A process
+    without it (or with a value that is not a number) is taken as the only one on its host, and speaks.
+    """
+    raw = os.environ.get(LOCAL_RANK_ENV, "").strip()
+    return not raw.isdigit() or int(raw) == 0
+
+
+def _say_bad_setting(name: str, raw: str, text: str) -> None:
+    """A bad value, said once per process and variable, by the host's local main process only."""
+    if speaks_for_host():
+        warn_once(("setting", name, raw), text)
 
 
 def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> None:

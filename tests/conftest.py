@@ -12,6 +12,7 @@ in venvs of its own.
 """
 
 import os
+import shlex
 import subprocess
 import sys
 import sysconfig
@@ -144,7 +145,7 @@ def two_nodes(script_args, env, tmp_path, node_env=("", ""), timeout=120.0):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
         cmd += ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port), *script_args]
         out = f"> {tmp_path}/node{node}.out 2> {tmp_path}/node{node}.err"
-        parts.append(f"{node_env[node]}{subprocess.list2cmdline(cmd)} {out}")
+        parts.append(f"{node_env[node]}{shlex.join(cmd)} {out}")  # shell quoting: a `%(rank)s` argument too
     script = f"{parts[0]} & a=$!; {parts[1]} & b=$!; wait $a; ra=$?; wait $b; rb=$?; exit $((ra | rb))"
     job = _launch.run(["bash", "-c", script], env=env, timeout=timeout)
     lines = [(tmp_path / f"node{n}.out").read_text().splitlines() for n in (0, 1)]

@@ -6,7 +6,8 @@
     lint     find in_order calls and collectives that only some ranks reach, before the job runs
 
 Exit codes: 0 success; 1 the check found a problem with the fix, or could not run (`lint`: found
-something); 2 bad arguments (`lint`: also a path that cannot be read or parsed); 130 interrupted.
+something); 2 bad arguments (`lint`: also a path that cannot be read or parsed; `status`: also a
+setting of the package that is not valid); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="show versions, and whether a Python process here gets the fix",
         description="Show the installed accelerate and torch, which upstream log body is installed, whether a "
         "Python process here gets the fix and how, the in_order mode and timeout in effect, and "
-        "whether the start-up hook is installed.",
+        "whether the start-up hook is installed. Exits 2 when a setting (ACCELERATE_INORDER_*) is not valid, "
+        "naming it.",
     )
     status.add_argument("--json", action="store_true", help="print the facts as JSON, for scripts")
 
@@ -153,7 +155,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(facts, indent=2, sort_keys=True))
     else:
         print("\n".join(_status.render(facts)))
-    return EXIT_OK
+    return EXIT_USAGE if facts["invalid_settings"] else EXIT_OK
 
 
 def _interrupt_on_sigterm() -> None:

@@ -1,7 +1,8 @@
 """`accelerate-inorder-fix status`: what is installed, and whether a process here gets the fix.
 
 `collect()` gathers the facts into a plain dict (that is the `--json` output); `render()` turns it into
-lines for a person. Nothing here raises because a dependency is missing: a machine without
+lines for a person. A variable of the package set to a value that means nothing is listed under
+`invalid_settings` (and named on a line of its own): `status` then exits 2, so a CI step can check. Nothing here raises because a dependency is missing: a machine without
 accelerate or torch is exactly where a user runs `status` to find out why nothing works.
 """
 
@@ -15,6 +16,10 @@ from .. import __version__, _upstream, hook_status
 from .. import config as _config
 from .._patcher import is_patched
 from ..config import SETTINGS
+
+
+# The package's folder (this module is in its `cli` folder).
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _import_or_none(name: str) -> Any:
@@ -165,7 +170,7 @@ def collect() -> dict[str, Any]:
     elif this_process["patched"]:
         this_process["how"] = "by `import accelerate_inorder_fix` (this command does that)"
     return {
-        "package": {"version": __version__, "path": os.path.dirname(os.path.abspath(__file__))},
+        "package": {"version": __version__, "path": PACKAGE_DIR},
         "python": {"version": sys.version.split()[0], "executable": sys.executable},
         "accelerate": accelerate,
         "torch": torch_facts(),
@@ -173,6 +178,9 @@ def collect() -> dict[str, Any]:
         "would_patch": outlook(switch, accelerate, hook),
         "this_process": this_process,
         **setting_facts(),
+        "invalid_settings": [
+            {"name": name, "value": raw, "problem": problem} for name, raw, problem in _config.setting_problems()
+        ],
         "startup_hook": hook,
     }
 
@@ -226,4 +234,6 @@ def render(facts: dict[str, Any]) -> list[str]:
         lines.append(f"start-up hook: {state} ({hook['path']})")
         if hook.get("last_failure"):
             lines.append(f"start-up hook failed in this process: {hook['last_failure']}")
+    for bad in facts["invalid_settings"]:
+        lines.append(f"INVALID SETTING: {bad['name']}={bad['value']!r}: {bad['problem']}")
     return lines

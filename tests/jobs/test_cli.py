@@ -80,6 +80,8 @@ def test_status_names_versions_body_and_outlook():
     result = cli("status")
     assert result.returncode == 0, result.stderr
     out = result.stdout
+    # The package's folder, not the folder of the module that prints it.
+    assert out.splitlines()[0].endswith(f"({REPO / 'accelerate_inorder_fix'})"), out
     assert "accelerate: 1.15.0" in out
     assert "torch: 2." in out
     assert "log body: known, the one of accelerate 1.13.0-1.15.x" in out
@@ -92,8 +94,9 @@ def test_status_json_for_machines():
     result = cli(
         "status", "--json", version="1.12.0", env={"ACCELERATE_INORDER_FIX": "0", "ACCELERATE_INORDER_MODE": "bogus"}
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 2, result.stderr  # the bad mode word: named, and the exit code says it
     facts = json.loads(result.stdout)
+    assert [bad["name"] for bad in facts["invalid_settings"]] == ["ACCELERATE_INORDER_MODE"]
     assert facts["accelerate"]["version"] == "1.12.0"
     assert facts["accelerate"]["log_body"] == {
         "known": True,
@@ -104,6 +107,33 @@ def test_status_json_for_machines():
     assert facts["this_process"]["patched"] is False
     assert facts["mode"]["value"] == "barrier" and "bogus" in facts["mode"]["ignored"]
     assert "available" in facts["startup_hook"]
+
+
+GOOD = {
+    "ACCELERATE_INORDER_MODE": " Gather ",
+    "ACCELERATE_INORDER_TIMEOUT": "2.5",
+    "ACCELERATE_INORDER_FIX": "on",
+    "ACCELERATE_INORDER_FIX_STARTUP": "0",
+}
+
+
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("ACCELERATE_INORDER_MODE", "bogus"),
+        ("ACCELERATE_INORDER_TIMEOUT", "-1"),
+        ("ACCELERATE_INORDER_FIX", "of"),
+        ("ACCELERATE_INORDER_FIX_STARTUP", "disable"),
+    ],
+)
+def test_status_exits_2_naming_an_invalid_setting_and_0_when_every_setting_is_good(name, bad):
+    good = cli("status", env=GOOD)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "INVALID SETTING" not in good.stdout
+    result = cli("status", env={**GOOD, name: bad})
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("INVALID SETTING")]
+    assert line.startswith(f"INVALID SETTING: {name}={bad!r}: "), line
 
 
 def test_status_without_accelerate_or_torch_says_so():

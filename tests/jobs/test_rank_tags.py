@@ -5,11 +5,8 @@ In gather mode the main process prints every rank's record. accelerate 1.13+ tag
 identical lines. Each job runs under a hard timeout; the launcher's exit code is asserted.
 """
 
-import shlex
-import sys
-
 import pytest
-from conftest import REPO, SCRIPTS, accelerate_dir
+from conftest import REPO, SCRIPTS, accelerate_dir, two_nodes
 
 from accelerate_inorder_fix.cli import launch as _launch
 
@@ -38,20 +35,9 @@ def test_over_two_hosts_each_line_names_its_host_and_rank(tmp_path):
     The two "hosts" are one machine: the script replaces `socket.gethostname` (`--fake-hosts`). Whether
     the job spans hosts comes from torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE, as on real nodes.
     """
-    port = _launch.free_port()
-    nodes = []
-    for node in (0, 1):
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-            "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
-            SCRIPT, "%(hostname)s|%(rank)s|%(message)s", "--fake-hosts",
-        ]  # fmt: skip
-        nodes.append(f"{shlex.join(cmd)} > {tmp_path}/node{node}.out")
-    script = f"{nodes[0]} & a=$!; {nodes[1]} & b=$!; wait $a; ra=$?; wait $b; rb=$?; exit $((ra | rb))"
-    job = _launch.run(["bash", "-c", script], env=_env("1.12.0"), timeout=120)
-    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
-    node0 = (tmp_path / "node0.out").read_text().splitlines()
-    node1 = (tmp_path / "node1.out").read_text().splitlines()
+    script = [SCRIPT, "%(hostname)s|%(rank)s|%(message)s", "--fake-hosts"]
+    job, (node0, node1), errors = two_nodes(script, _env("1.12.0"), tmp_path)
+    assert job.killed is None and job.returncode == 0, (job, errors)
     hosts = ["node-0", "node-0", "node-1", "node-1"]
     assert node0 == [f"{host}|{rank}|[{host}] [RANK {rank}] shard loaded" for rank, host in enumerate(hosts)], node0
     assert node1 == [], node1  # the main process printed every record

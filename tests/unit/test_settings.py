@@ -122,3 +122,33 @@ def test_a_job_spans_hosts_when_the_launcher_says_it_has_more_ranks_than_this_ho
         else:
             monkeypatch.setenv(name, value)
     assert config.spans_hosts() is several
+
+
+@pytest.mark.parametrize("local_rank,speaks", [(None, True), ("0", True), (" 0 ", True), ("1", False), ("x", True)])
+def test_the_local_main_process_speaks_for_its_host(monkeypatch, local_rank, speaks):
+    """A process without a (numeric) LOCAL_RANK is taken as the only one on its host: it speaks."""
+    if local_rank is None:
+        monkeypatch.delenv(config.LOCAL_RANK_ENV, raising=False)
+    else:
+        monkeypatch.setenv(config.LOCAL_RANK_ENV, local_rank)
+    assert config.speaks_for_host() is speaks
+
+
+def test_another_local_rank_uses_the_default_and_says_nothing(monkeypatch, capsys):
+    monkeypatch.setenv(config.LOCAL_RANK_ENV, "3")
+    monkeypatch.setenv(config.MODE_ENV, _bad("gathr"))
+    monkeypatch.setenv(config.SWITCH_ENV, _bad("of"))
+    assert config.Settings().mode() == config.DEFAULT_MODE
+    config.check_switches()
+    assert capsys.readouterr().err == ""
+
+
+def test_setting_problems_names_every_bad_variable_and_nothing_else(monkeypatch):
+    for name, value in {config.MODE_ENV: "bogus", config.TIMEOUT_ENV: "-1", config.SWITCH_ENV: "of"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(config.STARTUP_ENV, "OFF")  # a good word
+    assert [(name, raw) for name, raw, _ in config.setting_problems()] == [
+        (config.MODE_ENV, "bogus"),
+        (config.TIMEOUT_ENV, "-1"),
+        (config.SWITCH_ENV, "of"),
+    ]
