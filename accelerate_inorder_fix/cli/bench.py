@@ -16,7 +16,7 @@ variant's figure is the median over `--rounds` batches, per call. Records go to 
 os.devnull, so terminal speed is not measured.
 
     accelerate-inorder-fix bench            # short: 2 and 4 ranks, 3 rounds (about a minute on 2 cores)
-    accelerate-inorder-fix bench --full     # the recorded run: 2, 4 and 8 ranks, 5 rounds
+    accelerate-inorder-fix bench --full     # the recorded run: 2, 4 and 8 ranks, 15 rounds
     accelerate-inorder-fix bench --sizes 2,4,8 --calls 20 --rounds 5 --json FILE
 
 `main(argv)` is the entry point for a CLI; it prints a Markdown table and returns the results.
@@ -35,6 +35,22 @@ from typing import Any, Optional
 # The folder that holds the package (a source tree or site-packages): the ranks import it from there.
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULT_TAG = "@@BENCH "
+PROG = "accelerate-inorder-fix bench"
+# The run behind the recorded table (benchmarks/RESULTS.md): `--full` is exactly it.
+RECORDED_ROUNDS = 15
+RECORDED_ARGS = f"--sizes 2,4,8 --rounds {RECORDED_ROUNDS}"
+
+
+def noise_note(rounds: int) -> str:
+    """What a short run's figures are worth, and the command behind the recorded table."""
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; " if hasattr(os, "getloadavg") else ""
+    return (
+        f"Note: a short run ({rounds} rounds) is noise: on a loaded machine one variant can come out tens of "
+        f"percent faster or slower than in the next run ({load}compare figures of one run only). The recorded "
+        f"table (benchmarks/RESULTS.md) comes from `{PROG} --full` ({RECORDED_ARGS}), on a quiet machine."
+    )
+
+
 IN_ORDER_VARIANTS = ("upstream", "barrier", "barrier_plain", "gather")
 
 
@@ -164,11 +180,13 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="the recorded run: --sizes 2,4,8 --rounds 5")
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--full", action="store_true", help=f"the recorded run: {RECORDED_ARGS}")
     parser.add_argument("--sizes", default=None, help="world sizes, comma-separated (default 2,4; --full 2,4,8)")
     parser.add_argument("--calls", type=int, default=20, help="in_order calls per batch (default 20)")
-    parser.add_argument("--rounds", type=int, default=None, help="batches per variant (default 3; --full 5)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help=f"batches per variant (default 3; --full {RECORDED_ROUNDS})"
+    )
     parser.add_argument("--plain-calls", type=int, default=2000, help="plain calls per batch (default 2000)")
     parser.add_argument("--job-timeout", type=float, default=600.0, help="hard limit per job, seconds")
     parser.add_argument("--json", help="also write the raw results to this file")
@@ -180,7 +198,7 @@ def main(argv: Optional[list[str]] = None) -> Optional[list[dict[str, Any]]]:
     """Run the benchmark; print the table (and machine line); return the list of results."""
     args = _parser().parse_args(argv)
     args.sizes = args.sizes or ("2,4,8" if args.full else "2,4")
-    args.rounds = args.rounds or (5 if args.full else 3)
+    args.rounds = args.rounds or (RECORDED_ROUNDS if args.full else 3)
     if args.worker:
         _worker(args.calls, args.rounds, args.plain_calls)
         return None
@@ -195,6 +213,8 @@ def main(argv: Optional[list[str]] = None) -> Optional[list[dict[str, Any]]]:
         "slowest rank\n"
     )
     print(table(results))
+    if args.rounds < RECORDED_ROUNDS:
+        print(f"\n{noise_note(args.rounds)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

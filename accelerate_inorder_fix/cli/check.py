@@ -12,6 +12,7 @@ find and kill them all, whichever launcher started them and in whatever session.
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -91,7 +92,24 @@ def judge(name: str, nproc: int, job: Job) -> Outcome:
         "warning": "a rank reported missing",
         "slow": "call too slow",
     }
+    if verdict == "ordered" and name in scenarios.PARTIAL:
+        return Outcome(partial_word(job), detail, ok=True)
     return Outcome(words.get(verdict, verdict), detail, ok=verdict == "ordered")
+
+
+# The package's warning about the `partial` call (gather mode: "... in partial (call 1 ...";
+# barrier mode's check-in: "... scenarios.py:173 (partial): ...").
+_PARTIAL_WARNING = re.compile(r"accelerate-inorder-fix: .*(?: in partial \(call |\(partial\))")
+
+
+def partial_word(job: Job) -> str:
+    """`partial`, ordered: and what it cost rank 0, which waited for ranks that never made the call."""
+    warned = any(map(_PARTIAL_WARNING.search, [*job.lines, *job.stderr.splitlines()]))
+    if not warned:
+        return "ordered"
+    seconds = scenarios.slowest_calls(job.lines, "partial").get(0)
+    waited = "" if seconds is None else f" after {seconds:.1f} s"
+    return f"ordered, given up{waited} with a warning"
 
 
 def judge_all(names: list[str], nproc: int, job: Job) -> dict[str, Outcome]:
@@ -205,6 +223,7 @@ class Check:
         self.say = say or (lambda text: None)
         self.check_id = uuid.uuid4().hex
         self.cancelled = threading.Event()
+        self.workers = 1  # jobs at a time: set by `run`
 
     def _launch(self, names: list[str], patched: bool) -> Optional[Job]:
         env = _job_env(self.check_id)
@@ -237,7 +256,7 @@ class Check:
         return None if job is None else judge_all(self.names, self.nproc, job), job
 
     def run(self) -> dict[str, tuple[Outcome, Outcome]]:
-        workers = jobs_at_once(self.nproc, len(self.names) + 1)
+        workers = self.workers = jobs_at_once(self.nproc, len(self.names) + 1)
         if workers < len(self.names) + 1:
             self.say(f"  ({workers} job(s) at a time, to stay within this machine's free memory)")
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aif-check")
@@ -274,8 +293,7 @@ class Check:
                 self.say(self._news(label, outcomes, job, now - start))
                 last_news = now
             if pending and now - last_news > PROGRESS_EVERY:
-                alive = len(_marked(self.check_id))
-                self.say(f"  ... {len(pending)} job(s) running ({alive} processes), {now - start:.0f} s so far")
+                self.say(progress(len(pending), self.workers, len(_marked(self.check_id)), now - start))
                 last_news = now
         return {name: (unpatched[name], patched[name]) for name in self.names}
 
@@ -287,9 +305,20 @@ class Check:
         return f"  unpatched {label:<16}  {outcomes[label].word}  [{job.elapsed:.1f} s, at {elapsed:.0f} s]"
 
 
-def table(results: dict[str, tuple[Outcome, Outcome]]) -> list[str]:
-    """The side-by-side verdict table, as lines."""
-    rows = [("scenario", "what it does", "unpatched", "patched")]
+def progress(pending: int, workers: int, processes: int, elapsed: float) -> str:
+    """The progress line: jobs running (at most `workers` at a time) and jobs waiting for their turn."""
+    running = min(pending, workers)
+    waiting = f", {pending - running} waiting" if pending > running else ""
+    return f"  ... {running} job(s) running{waiting} ({processes} processes), {elapsed:.0f} s so far"
+
+
+def table(results: dict[str, tuple[Outcome, Outcome]], mode: Optional[str] = None) -> list[str]:
+    """The side-by-side verdict table, as lines; `mode`: the patched column's, named in its heading.
+
+    The unpatched column does not depend on the mode (upstream has none): its heading says so.
+    """
+    patched = f"patched ({mode} mode)" if mode else "patched"
+    rows = [("scenario", "what it does", "unpatched (any mode)", patched)]
     rows += [(name, DESCRIPTIONS.get(name, ""), before.word, after.word) for name, (before, after) in results.items()]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

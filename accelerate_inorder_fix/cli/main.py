@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lint.add_argument("--select", metavar="CODES", help="report only these codes or prefixes (AIF001,AIF003)")
     lint.add_argument("--ignore", metavar="CODES", help="do not report these codes or prefixes")
+    for command in (status, check, lint):  # a command's own usage for its bad arguments (`main`)
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -177,7 +179,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             return EXIT_FAIL
     names = args.scenario or list(scenarios.CHECK_SCENARIOS)
     _say(
-        f"check: {len(names) + 1} jobs of {args.nproc} CPU ranks (torchrun, gloo), run side by side; "
+        f"check: {len(names) + 1} jobs of {args.nproc} CPU ranks (torchrun, gloo), run side by side: "
+        f"{len(names)} unpatched (they do not depend on the mode) and 1 patched, in {mode} mode; "
         f"a job silent for {args.timeout:g} s counts as deadlocked and is stopped"
     )
     # Importing accelerate here costs seconds of CPU: do it while the ranks start, not before.
@@ -195,7 +198,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     text, known_body = header[0] if header else ("(could not describe the set-up)", True)
     print(text)
     print()
-    print("\n".join(_check.table(results)))
+    print("\n".join(_check.table(results, mode)))
     print()
     code = _conclude(results, args, time.monotonic() - start)
     if code and not known_body:
@@ -278,7 +281,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # Whatever `bench` does not know belongs to the benchmark; any other command knows all its options.
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        args.command_parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.bench_args = rest
     if args.command == "status":
         return cmd_status(args)

@@ -319,7 +319,7 @@ def check(name: str, nproc: int, lines: list[str]) -> tuple[str, str]:
             tail = next((line for line in block if line.startswith("ValueError")), None)
             if not block or not block[0].startswith("Traceback") or tail != f"ValueError: boom r{rank}":
                 return "traceback", f"record of rank {rank} is not followed by its own traceback"
-    slow = _slowest_calls(lines, name)
+    slow = slowest_calls(lines, name)
     if slow and max(slow.values()) > call_bound(nproc):
         return "slow", f"slowest in_order call per rank {slow} s, bound {call_bound(nproc):g} s"
     return "ordered", ""
@@ -341,7 +341,7 @@ def _named_missing(lines: list[str], name: str) -> Optional[str]:
     return None
 
 
-def _slowest_calls(lines: list[str], name: str) -> dict[int, float]:
+def slowest_calls(lines: list[str], name: str) -> dict[int, float]:
     """{rank: its slowest in_order call of scenario `name`, seconds} from the ranks' results."""
     prefix = f"{RESULT} {name} r"
     found: dict[int, float] = {}

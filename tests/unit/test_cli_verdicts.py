@@ -2,6 +2,9 @@
 
 import argparse
 
+import pytest
+from conftest import REPO
+
 from accelerate_inorder_fix.cli import bench, scenarios
 from accelerate_inorder_fix.cli import check as _check
 from accelerate_inorder_fix.cli import launch as _launch
@@ -57,11 +60,64 @@ def test_exit_code_follows_the_patched_column_only(capsys):
     assert "PASS" in out and "FAIL: with the fix, 1 scenario(s) are not ordered: default." in out
 
 
-def test_table_lines_up_its_columns():
-    rows = _check.table({"default": (_check.Outcome("deadlock (all ranks stuck)"), _check.Outcome("ordered"))})
-    assert rows[0].split() == ["scenario", "what", "it", "does", "unpatched", "patched"]
+def test_table_lines_up_its_columns_and_says_the_unpatched_one_is_the_same_in_any_mode():
+    outcomes = {"default": (_check.Outcome("deadlock (all ranks stuck)"), _check.Outcome("ordered"))}
+    rows = _check.table(outcomes, "gather")
+    assert rows[0].split() == [
+        "scenario",
+        "what",
+        "it",
+        "does",
+        "unpatched",
+        "(any",
+        "mode)",
+        "patched",
+        "(gather",
+        "mode)",
+    ]
     assert rows[2].index("deadlock") == rows[0].index("unpatched")
     assert rows[2].rindex("ordered") == rows[0].rindex("patched")
+
+
+def test_progress_counts_the_jobs_running_and_those_waiting_their_turn_apart():
+    assert _check.progress(9, 8, 40, 15.2).startswith("  ... 8 job(s) running, 1 waiting (40 processes), 15 s")
+    assert _check.progress(3, 8, 12, 30.0) == "  ... 3 job(s) running (12 processes), 30 s so far"
+
+
+def _partial(stderr="", lines=(), seconds=3.02):
+    out = ["partial#1 r0 at=f:1 @@f:1", *lines, f"{scenarios.RESULT} partial r0 slowest_call={seconds}"]
+    out += [f"{scenarios.RESULT} partial r{r} sum=3.0" for r in range(2)] + [
+        f"{scenarios.DONE} partial r{r}" for r in range(2)
+    ]
+    return _check.judge("partial", 2, Job(out, stderr, 0, None, 5.0))
+
+
+def test_the_partial_row_says_the_call_was_given_up_after_a_wait_with_a_warning():
+    gather = "accelerate-inorder-fix: in_order call at /x/scenarios.py:173 in partial (call 1 from there): no record"
+    barrier = "accelerate-inorder-fix: in_order call at /x/scenarios.py:173 (partial): rank(s) 1 did not make it"
+    for outcome in (_partial(lines=[gather]), _partial(stderr=barrier + "\n")):
+        assert (outcome.word, outcome.ok) == ("ordered, given up after 3.0 s with a warning", True)
+    assert _partial(seconds=0.01).word == "ordered"  # no wait, no warning (upstream before 1.13: no barrier at all)
+    other = gather.replace(" in partial (", " in default (")
+    assert _partial(lines=[other]).word == "ordered"
+
+
+def test_bad_arguments_of_a_command_print_that_commands_usage(capsys):
+    for argv, usage in ((["lint", "x.py", "--bogus"], "lint"), (["status", "--bogus"], "status")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        assert exit_.value.code == cli.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: accelerate-inorder-fix {usage} ") and "unrecognized arguments: --bogus" in err
+
+
+def test_bench_names_itself_and_a_short_run_points_to_the_recorded_one():
+    assert bench._parser().prog == "accelerate-inorder-fix bench"
+    note = bench.noise_note(3)
+    assert "short run (3 rounds) is noise" in note and f"--full` ({bench.RECORDED_ARGS})" in note
+    # --full is the command behind the recorded table.
+    assert f"bench {bench.RECORDED_ARGS}`" in (REPO / "benchmarks" / "RESULTS.md").read_text()
+    assert bench._parser().parse_args(["--full"]).full
 
 
 def test_the_users_force_reaches_the_patched_ranks_only(monkeypatch):

@@ -333,9 +333,10 @@ def test_exit_codes_clean_found_and_an_unparsable_file_named_while_the_rest_is_c
     code, out, err = _run([tmp_path])
     assert code == lint.EXIT_UNREADABLE == 2
     assert f"{tmp_path / 'b_broken.py'}:1:" in err and "cannot parse: SyntaxError" in err
-    assert "c_found.py" in out and "AIF002" in out and "3 file(s), 1 unreadable" in err
+    assert "c_found.py" in out and "AIF002" in out and "in 2 file(s) checked, 1 not checked" in err
     code, _, err = _run([tmp_path / "missing.py", clean])
     assert code == 2 and "missing.py: cannot read" in err
+    assert "in 1 file(s) checked, 1 not checked" in err  # a missing path counts as an unparsable file does
 
 
 def test_directories_are_walked_recursively_skipping_hidden_ones(tmp_path):

@@ -96,12 +96,17 @@ def is_selected(code: str, select: Sequence[str], ignore: Sequence[str]) -> bool
 
 
 def summary(found: Sequence[tuple[str, Finding]], files: int, unreadable: int, elapsed: float) -> str:
-    """The closing line on stderr: totals, then the count for each code."""
+    """The closing line on stderr: totals, then the count for each code.
+
+    `files` were checked; `unreadable` paths were not, whatever the reason (missing, unreadable, not Python
+    that parses): one count, each path named on a line of its own above.
+    """
     by_code = dict.fromkeys(CODES, 0)
     for _, finding in found:
         by_code[finding.code] = by_code.get(finding.code, 0) + 1
     counts = ", ".join(f"{code} {n}" for code, n in sorted(by_code.items()))
-    totals = f"{len(found)} finding(s) in {files} file(s), {unreadable} unreadable ({elapsed:.2f} s)"
+    skipped = f", {unreadable} not checked (missing, unreadable or unparsable: named above)" if unreadable else ""
+    totals = f"{len(found)} finding(s) in {files} file(s) checked{skipped} ({elapsed:.2f} s)"
     return f"lint: {totals}; by code: {counts}\n"
 
 
@@ -122,7 +127,6 @@ def run(
     found: list[tuple[str, Finding]] = []
     files = unreadable = 0
     for path, problem in python_files(paths):
-        files += problem is None
         try:
             if problem is not None:
                 raise FileNotFoundError(problem)
@@ -131,6 +135,7 @@ def run(
             unreadable += 1
             err.write(_why(path, error) + "\n")
             continue
+        files += 1
         for finding in (f for f in findings if is_selected(f.code, select, ignore)):
             found.append((path, finding))
             if fmt == "text":
