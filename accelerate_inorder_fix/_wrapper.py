@@ -67,7 +67,7 @@ def make_log_wrapper(
         kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
         state = PartialState()
         if state.num_processes <= 1:
-            emit(instance, level, msg, tuple(rest), kwargs)
+            emit(instance, level, msg, tuple(rest), kwargs, session.origin(state))
             return None
         # One in_order call at a time per process: each call's N barriers pair up across ranks even
         # when several threads log, and a gather call's record and count stay together.
@@ -77,7 +77,14 @@ def make_log_wrapper(
                 session.gather_call(state, settings, site, instance, level, msg, tuple(rest), kwargs)
             else:
                 barrier_call(
-                    state, lambda: session.check_in(state, settings, site), instance, level, msg, tuple(rest), kwargs
+                    state,
+                    lambda: session.check_in(state, settings, site),
+                    instance,
+                    level,
+                    msg,
+                    tuple(rest),
+                    kwargs,
+                    session.origin(state),
                 )
         return None
 

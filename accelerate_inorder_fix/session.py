@@ -32,8 +32,9 @@ from typing import Any, Callable, Optional
 
 from ._callsite import Site
 from ._diagnostics import warn_once
+from ._origin import Origin
 from .barrier.side import BarrierSide
-from .config import SETTINGS, Settings
+from .config import SETTINGS, Settings, spans_hosts
 from .gather.side import GatherSide
 from .store import connection, mode, teardown
 from .store.connection import Store
@@ -65,6 +66,7 @@ class InOrderSession:
         self._barrier: Optional[BarrierSide] = None
         self._gather: Optional[GatherSide] = None
         self._gather_tried = False  # a gather side is opened once; without a store, never
+        self._origin: Optional[Origin] = None  # this process's rank and host (`origin`)
 
     # -- which mode -------------------------------------------------------------------------
 
@@ -134,6 +136,13 @@ class InOrderSession:
             raise RuntimeError(reason)
         return store
 
+    def origin(self, state: Any) -> Origin:
+        """This process's rank and host, for its in_order records (the host as named at its first call)."""
+        origin = self._origin
+        if origin is None or origin.rank != state.process_index:
+            origin = self._origin = Origin.of(state.process_index, spans_hosts())
+        return origin
+
     # -- barrier mode -----------------------------------------------------------------------
 
     def check_in(self, state: Any, settings: Settings, site: Site) -> str:
@@ -165,7 +174,11 @@ class InOrderSession:
                         )
                     else:
                         self._gather = GatherSide(
-                            self._store, state.process_index, state.num_processes, settings.timeout()
+                            self._store,
+                            state.process_index,
+                            state.num_processes,
+                            settings.timeout(),
+                            self.origin(state),
                         )
                     self._gather_tried = True
         return self._gather

@@ -9,21 +9,39 @@ at once. On `plain` (no store to check in through) the N turns run as upstream's
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from .. import _callsite
 from .._diagnostics import warn_once
+from .._origin import Origin, Stamping
 
 
-def emit(adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Emit one record through the rank's own logger, exactly as upstream's working path does."""
+def emit(
+    adapter: Any,
+    level: int,
+    msg: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    origin: Optional[Origin] = None,
+) -> None:
+    """Emit one record through the rank's own logger, exactly as upstream's working path does.
+
+    `origin`: the record also gets `rank` and `hostname` attributes (its message is upstream's).
+    """
     if not adapter.isEnabledFor(level):
         return
+    stamping = None
     try:
         msg, kwargs = adapter.process(msg, _callsite.counted_from_here(kwargs))
+        if origin is not None:
+            stamping = Stamping(origin)
+            adapter.logger.addFilter(stamping)
         adapter.logger.log(level, msg, *args, **kwargs)
     except Exception as exc:  # a filter or handler that raises must not skip the barrier after it
         warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+    finally:
+        if stamping is not None:
+            adapter.logger.removeFilter(stamping)
 
 
 def _barrier(state: Any) -> bool:
@@ -37,16 +55,23 @@ def _barrier(state: Any) -> bool:
 
 
 def take_turns(
-    state: Any, adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], first_turn: int
+    state: Any,
+    adapter: Any,
+    level: int,
+    msg: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    first_turn: int,
+    origin: Optional[Origin] = None,
 ) -> None:
     """A rank emits in its own turn, and every rank takes the barrier after each turn from `first_turn` on."""
     rank = state.process_index
     for turn in range(first_turn, state.num_processes):
         if turn == rank and rank != 0:
-            emit(adapter, level, msg, args, kwargs)
+            emit(adapter, level, msg, args, kwargs, origin)
         if not _barrier(state):
             if turn < rank:  # our turn has not come: emit unordered rather than lose the record
-                emit(adapter, level, msg, args, kwargs)
+                emit(adapter, level, msg, args, kwargs, origin)
             return
 
 
@@ -58,6 +83,7 @@ def barrier_call(
     msg: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    origin: Optional[Origin] = None,
 ) -> None:
     """One rank's in_order call in barrier mode: rank 0's turn, the check-in, then the other turns.
 
@@ -65,12 +91,13 @@ def barrier_call(
         state: accelerate's `PartialState`.
         check_in (`Callable[[], str]`): checks this call in; `"go"`, `"skip"` or `"plain"` (`side.BarrierSide`).
         adapter: the `MultiProcessAdapter` the user called; `level`, `msg`, `args`, `kwargs` as it got them.
+        origin (`Origin`, *optional*): this rank's, set on its record as `rank` and `hostname`.
     """
     if state.process_index == 0:
-        emit(adapter, level, msg, args, kwargs)
+        emit(adapter, level, msg, args, kwargs, origin)
     verdict = check_in()
     if verdict == "skip":  # some rank will not come: nobody enters a barrier of this call
         if state.process_index != 0:
-            emit(adapter, level, msg, args, kwargs)
+            emit(adapter, level, msg, args, kwargs, origin)
     else:
-        take_turns(state, adapter, level, msg, args, kwargs, first_turn=1 if verdict == "go" else 0)
+        take_turns(state, adapter, level, msg, args, kwargs, 1 if verdict == "go" else 0, origin)

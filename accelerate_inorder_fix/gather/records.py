@@ -12,9 +12,9 @@ untrusted. JSON decoding builds only str, int, float, bool, None, lists and dict
 imports nothing, whatever the bytes say. Bytes that are not a record of this format raise
 `MalformedRecord`; the collector turns that into one warning and no record for the call.
 
-Every record says where it comes from (`Origin`): its `rank` and `hostname` attributes, and, in its
-message, the `[RANK n] ` tag accelerate 1.13+ gives (added here on older releases), led by `[host] `
-on a job over several hosts. A record read from rank r's queue must say `rank` r and name a host.
+Every record says where it comes from (`_origin.Origin`): its `rank` and `hostname` attributes, and,
+in its message, the `[RANK n] ` tag accelerate 1.13+ gives (added here on older releases), led by
+`[host] ` on a job over several hosts. A record read from rank r's queue must say `rank` r and name a host.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
 from .._callsite import Identity, counted_from_here
+from .._origin import Origin
 
 
 # The wire format's version: a main process refuses payloads of any other (nodes must run one release).
@@ -71,28 +72,6 @@ _TRACEBACKS = logging.Formatter()
 
 class MalformedRecord(ValueError):
     """Bytes read from a rank's queue that are not a record of this format (foreign or damaged)."""
-
-
-class Origin(NamedTuple):
-    """Where a gather-mode record comes from: set on it as `rank` and `hostname`, and shown in its message.
-
-    `several_hosts`: the job spans more than one host (`config.spans_hosts`), so the host is shown too.
-    """
-
-    rank: int
-    hostname: str
-    several_hosts: bool
-
-    def tag(self, msg: Any) -> Any:
-        """`msg` as the main process prints it: `[RANK n] msg` (not tagged twice), led by `[host] ` if several."""
-        rank_tag = f"[RANK {self.rank}] "
-        tagged = msg if isinstance(msg, str) and msg.startswith(rank_tag) else f"{rank_tag}{msg}"
-        return f"[{self.hostname}] {tagged}" if self.several_hosts else tagged
-
-    def stamp(self, record: logging.LogRecord) -> None:
-        """Set the record's `rank` and `hostname` (the package's: a user's `extra` of these names is replaced)."""
-        record.rank = self.rank
-        record.hostname = self.hostname
 
 
 class _Catch:

@@ -11,12 +11,11 @@ delivered and seals every queue: a record posted after that is printed by the ra
 from __future__ import annotations
 
 import logging
-import socket
 from typing import Any, Optional
 
 from .._callsite import Identity
 from .._diagnostics import warn_once
-from ..config import spans_hosts
+from .._origin import Origin
 from ..store import connection
 from ..store.connection import Store
 from . import collector as _collector
@@ -34,15 +33,15 @@ class GatherSide:
         store: this process's connection to the job's store (prefixed).
         rank, world_size: this process's place in the job.
         timeout (`float`): `ACCELERATE_INORDER_TIMEOUT` when the side opens (a call may bring a newer one).
+        origin (`Origin`): this process's rank and host, for its records.
     """
 
-    def __init__(self, store: Store, rank: int, world_size: int, timeout: float) -> None:
+    def __init__(self, store: Store, rank: int, world_size: int, timeout: float, origin: Origin) -> None:
         self._outbox: Optional[queues.Outbox] = None
         self._collector: Optional[_collector.Collector] = None
         self._logger_name = "root"
         self._main_gone = False
-        # Where this process's records come from (the host as named when gather mode starts here).
-        self._origin = records.Origin(rank, socket.gethostname(), spans_hosts())
+        self._origin = origin
         if rank == 0:
             inbox = queues.StoreInbox(store, world_size)
             self._collector = _collector.Collector(inbox, world_size, timeout, self._warning)

@@ -5,6 +5,8 @@ In gather mode the main process prints every rank's record. accelerate 1.13+ tag
 identical lines. Each job runs under a hard timeout; the launcher's exit code is asserted.
 """
 
+import socket
+
 import pytest
 from conftest import REPO, SCRIPTS, accelerate_dir, two_nodes
 
@@ -15,8 +17,8 @@ SCRIPT = str(SCRIPTS / "rank_tags.py")
 BOUND = 60.0  # seconds a job of one in_order call may take on a loaded 2-core machine, start-up included
 
 
-def _env(version):
-    return _launch.scenario_env(True, "gather", [accelerate_dir(version), str(REPO)])
+def _env(version, mode="gather"):
+    return _launch.scenario_env(True, mode, [accelerate_dir(version), str(REPO)])
 
 
 @pytest.mark.parametrize("version", ["1.12.0", "1.15.0"])
@@ -41,4 +43,15 @@ def test_over_two_hosts_each_line_names_its_host_and_rank(tmp_path):
     hosts = ["node-0", "node-0", "node-1", "node-1"]
     assert node0 == [f"{host}|{rank}|[{host}] [RANK {rank}] shard loaded" for rank, host in enumerate(hosts)], node0
     assert node1 == [], node1  # the main process printed every record
+    assert job.elapsed < BOUND, job
+
+
+def test_barrier_mode_records_carry_rank_and_hostname_and_keep_upstreams_message():
+    """Barrier mode: each rank prints its own record, its message as upstream made it (no tag on 1.12),
+    and `%(rank)s` / `%(hostname)s` work in a format there too."""
+    cmd = _launch.launch_command([SCRIPT, "%(rank)s|%(hostname)s|%(message)s"], 4)
+    job = _launch.run(cmd, env=_env("1.12.0", "barrier"), timeout=120, stall=30)
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
+    host = socket.gethostname()
+    assert job.lines == [f"{rank}|{host}|shard loaded" for rank in range(4)], job.lines  # in rank order
     assert job.elapsed < BOUND, job

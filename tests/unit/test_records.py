@@ -16,11 +16,13 @@ import pathlib
 import pickle
 import re
 import sys
+import threading
 import time
 
 import pytest
 from conftest import REPO
 
+from accelerate_inorder_fix._origin import Origin, Stamping
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import queues, records
 
@@ -390,7 +392,7 @@ def test_decoding_never_imports_or_evaluates(tmp_path):
 
 
 def _origin(rank):
-    """The attributes a record read from `rank`'s queue carries (`records.Origin`)."""
+    """The attributes a record read from `rank`'s queue carries (`_origin.Origin`)."""
     return {"rank": rank, "hostname": "node-a"}
 
 
@@ -464,7 +466,7 @@ def test_no_pickle_marshal_or_eval_anywhere_in_the_package():
 
 
 def test_origin_tags_a_message_as_accelerate_1_13_does_and_never_twice():
-    here = records.Origin(2, "node-b", several_hosts=False)
+    here = Origin(2, "node-b", several_hosts=False)
     assert here.tag("shard loaded") == "[RANK 2] shard loaded"
     assert here.tag("[RANK 2] shard loaded") == "[RANK 2] shard loaded"  # 1.13+'s `process()` tagged it already
     assert here.tag({"step": 1}) == "[RANK 2] {'step': 1}"  # a non-str message, as 1.13+'s f-string gives it
@@ -494,3 +496,21 @@ def test_a_full_copy_claiming_another_rank_is_not_used():
     payload, document = records.encode(IDENTITY, _record(extra=_origin(2)))
     (line,) = copies.parse_slot(copies.Copier(1, refresh=16).line(0, payload, document), 3)
     assert copies.CopyReader().decode(1, line) is None
+
+
+def test_stamping_sets_rank_and_hostname_on_this_threads_records_only_and_drops_none():
+    logger = logging.getLogger("aif.test.stamping")
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append((record.getMessage(), getattr(record, "rank", None)))
+    logger.handlers[:], logger.propagate = [handler], False
+    stamping = Stamping(Origin(3, "node-c", several_hosts=True))
+    logger.addFilter(stamping)
+    try:
+        logger.warning("mine")
+        other = threading.Thread(target=logger.warning, args=("another thread's",))
+        other.start()
+        other.join()
+    finally:
+        logger.removeFilter(stamping)
+    assert seen == [("mine", 3), ("another thread's", None)]  # the message is left as it was

@@ -136,9 +136,9 @@ def ours_ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     real = _wrapper.emit
 
-    def spy(adapter: Any, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
+    def spy(adapter: Any, level: int, msg: Any, args: tuple, kwargs: dict, *origin: Any) -> None:
         seen.append(str(msg))
-        real(adapter, level, msg, args, kwargs)
+        real(adapter, level, msg, args, kwargs, *origin)
 
     monkeypatch.setattr(_wrapper, "emit", spy)
     return seen
