@@ -117,36 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
         "goes to the benchmark itself (`bench -- --help` shows them). Gather mode at up to 1,024 simulated "
         "ranks is a repository script: python benchmarks/bench_scale.py.",
     )
-    lint = commands.add_parser(
-        "lint",
-        help="find in_order calls and collectives that only some ranks reach (static, before launch)",
-        description="Read Python files (directories recursively) with `ast`, importing nothing from them, and "
-        "report in flake8's format each in_order log call (AIF001), known collective (AIF002) and call that is "
-        "collective under DeepSpeed or FSDP (AIF003, `save_state`...) on a "
-        "rank-dependent path: under `if accelerator.is_main_process:`, after `if rank != 0: return`, in a "
-        "function decorated `@accelerator.on_main_process`... `# noqa: AIF001` silences a line. Exit codes: 0 "
-        "nothing found, 1 findings, 2 a path that cannot be read or parsed (the rest is still checked).",
-    )
-    lint.add_argument("paths", nargs="+", metavar="PATH", help="Python files or directories to check")
-    lint.add_argument(
-        "--format", choices=("text", "json"), default="text", help="text (flake8's, default) or a JSON array"
-    )
-    lint.add_argument("--select", metavar="CODES", help="report only these codes or prefixes (AIF001,AIF003)")
-    lint.add_argument("--ignore", metavar="CODES", help="do not report these codes or prefixes")
+    from .lint import command as _lint_command  # stdlib only
+
+    lint = commands.add_parser("lint", help=_lint_command.HELP, description=_lint_command.DESCRIPTION)
+    _lint_command.add_arguments(lint)
     for command in (status, check, lint):  # a command's own usage for its bad arguments (`main`)
         command.set_defaults(command_parser=command)
     return parser
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from . import lint as _lint
+    from .lint import command as _lint_command
 
-    try:
-        select, ignore = _lint.parse_codes(args.select), _lint.parse_codes(args.ignore)
-    except ValueError as error:
-        sys.stderr.write(f"lint: {error}\n")
-        return _lint.EXIT_UNREADABLE  # a usage error, as argparse's own
-    return _lint.run(args.paths, args.format, sys.stdout, sys.stderr, select, ignore)
+    return _lint_command.run_command(args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
