@@ -28,11 +28,12 @@ import atexit
 import collections
 import os
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from ._callsite import Site
 from ._diagnostics import warn_once
 from ._origin import Origin
+from .barrier.handoff import Handoff
 from .barrier.side import BarrierSide
 from .config import SETTINGS, Settings, spans_hosts
 from .gather.side import GatherSide
@@ -145,12 +146,12 @@ class InOrderSession:
 
     # -- barrier mode -----------------------------------------------------------------------
 
-    def check_in(self, state: Any, settings: Settings, site: Site) -> str:
+    def check_in(self, state: Any, settings: Settings, site: Site) -> Union[str, Handoff]:
         """Barrier mode: how this call's turns go.
 
-        `"go"`: every rank checked in (the check-in stands for the barrier after rank 0's turn);
-        `"skip"`: some rank did not, nobody enters a barrier; `"plain"`: no store to check in through
-        (plain barriers, as upstream). A forked process is not a rank: `"skip"`, with one line.
+        A `Handoff`: every rank checked in, the turns pass through the store (`barrier.handoff`);
+        `"skip"`: some rank did not, nobody waits; `"plain"`: no store to check in through (plain
+        barriers, as upstream). A forked process is not a rank: `"skip"`, with one line.
         """
         with self.lock:
             if self.forked():

@@ -58,6 +58,8 @@ from ..store.connection import SHORTEST_WAIT, Store, peek
 
 GO = b"go"
 SKIP = b"skip "
+HANDED = b"ok"  # a handoff key: its rank's record is out (`handoff`)
+SKIPPED = b"skip"  # every handoff key of a call given up: its waiters wake and read the verdict
 MARK = "b/w/"  # + rank: the call the rank checked in at last ("<site>/<k>")
 
 
@@ -86,6 +88,10 @@ class Call:
     def key(self) -> str:
         """Where its verdict is written."""
         return f"b/s/{self.site}/{self.k}"
+
+    def handoff(self, rank: int) -> str:
+        """Where `rank` hands its turn over (`handoff`)."""
+        return f"b/h/{self.site}/{self.k}/{rank}"
 
     @classmethod
     def parse(cls, marker: bytes) -> Optional[Call]:
@@ -173,6 +179,8 @@ class CheckIn:
         self.absent: dict[int, str] = {}  # rank -> its marker when a timed-out call named it missing
         self.patience = 0.0  # seconds the calls may still wait for absent ranks, in all
         self.calls = 0  # check-ins made by this process
+        self.deadline = 0.0  # of the latest check-in: its turns end by then too (`handoff`)
+        self.received = False  # the latest `go` came as this rank's handoff (`_wake_key`)
 
     def verdict(self, site: Site, timeout: float) -> Verdict:
         """Check this process's next call at `site` in, and return the verdict every rank follows."""
@@ -183,8 +191,9 @@ class CheckIn:
         self.calls += 1
         state.before, state.last = state.last, self.calls
         call = Call(state.name, state.count)
+        self.deadline, self.received = self.clock() + timeout, False
         try:
-            verdict = self._check_in(call, self.clock() + timeout, timeout)
+            verdict = self._check_in(call, self.deadline, timeout)
         except Exception:  # noqa: BLE001 -- the store failed under us: one more try, on a new connection
             verdict = self._after_failure(call)
         if verdict.go:
@@ -196,6 +205,17 @@ class CheckIn:
             if verdict.why in ("timeout", "absent"):
                 self.absent.update((q, m) for q, m in verdict.missing.items() if q != self.rank)
         return verdict
+
+    def last_call(self, site: Site) -> Call:
+        """This process's latest call at `site` (the one `verdict` just decided)."""
+        state = self.sites[site]
+        return Call(state.name, state.count)
+
+    def named(self, rank: int) -> None:
+        """`rank` did not hand over its turn (`handoff`): absent, like a rank a timed-out call named, until
+        it checks in somewhere again. Its wait was the call's whole timeout: no patience is added."""
+        if rank not in self.absent:
+            self.absent[rank] = self._peek(MARK + str(rank)).decode("utf-8", "replace")
 
     # -- one call ---------------------------------------------------------------------------------
 
@@ -213,17 +233,17 @@ class CheckIn:
         """Wait for the verdict until T (halfway, look for a wait-for cycle); for absent ranks, less."""
         if self._absent(call):
             start = self.clock()
-            blob = self._read(call.key, min(deadline, start + self.patience))
+            blob = self._read_verdict(call, min(deadline, start + self.patience))
             self.patience = max(0.0, self.patience - (self.clock() - start))
             absent = self._absent(call)
             if blob is not None or not absent:
                 return blob if blob is not None else self._await(call, deadline, timeout)
             return self._give_up(call, "absent", absent)
-        blob = self._read(call.key, deadline - timeout / 2)
+        blob = self._read_verdict(call, deadline - timeout / 2)
         if blob is None:
             blob = self._halfway(call)
         if blob is None:
-            blob = self._read(call.key, deadline)
+            blob = self._read_verdict(call, deadline)
         if blob is None:
             if self._count(call) == call.k * self.world_size:  # all came: the last one's `go` is on its way
                 return self._decide(call, GO)
@@ -240,6 +260,9 @@ class CheckIn:
         verdict of the call before at the site: every rank has read it (the ranks here to come here,
         the others to pass its barriers)."""
         blob = bytes(self.store.compare_set(call.key, "", verdict))
+        if blob == verdict and verdict != GO:  # wake the ranks that wait at a handoff key instead
+            for q in range(1, self.world_size):
+                self.store.set(call.handoff(q), SKIPPED)
         if blob == verdict and call.k > 1:
             self.store.delete_key(Call(call.site, call.k - 1).key)
         return blob
@@ -258,12 +281,34 @@ class CheckIn:
 
     # -- what the other ranks are doing -----------------------------------------------------------
 
-    def _read(self, key: str, deadline: float) -> Optional[bytes]:
+    def _wake_key(self, call: Call) -> str:
+        """Where this rank waits for the verdict. Rank 1 at the verdict key; rank r > 1 at rank r-1's
+        handoff, rank 0 at the last rank's: there a `go` comes with what the rank waits for next, its
+        turn (or, for rank 0, the whole call's end). A skip is written to every handoff key too."""
+        if self.rank == 1:
+            return call.key
+        return call.handoff(self.rank - 1 if self.rank > 1 else self.world_size - 1)
+
+    def _read_verdict(self, call: Call, deadline: float) -> Optional[bytes]:
+        """The verdict, once this rank's wake key holds something, waiting until `deadline`; None if not."""
+        key = self._wake_key(call)
+        blob = self._read(key, deadline, alone=self.rank > 1)
+        if key == call.key or blob is None:
+            return blob
+        if blob == HANDED:
+            self.received = True
+            return GO
+        if self.store.check([call.key]):  # a skip (or junk in the handoff key after a verdict)
+            return bytes(self.store.get(call.key))
+        return self._give_up(call, "damaged", {})  # junk where a handoff was awaited, before any verdict
+
+    def _read(self, key: str, deadline: float, alone: bool = False) -> Optional[bytes]:
         """The value of `key` once it is there, waiting until `deadline`; None if it did not come.
 
         A TCPStore wakes a key's waiters whenever anyone `compare_set`s it, there or not, and its `get`
         of a missing key answers b"". So a wait that returns proves nothing: `check` says whether the key
-        is there (waking nobody), and a rank waits again while it is not.
+        is there (waking nobody), and a rank waits again while it is not. The only waiter of a key
+        (`alone`) reads it with `peek`, in one round trip: whom it wakes is itself.
         """
         while True:
             remaining = deadline - self.clock()
@@ -271,10 +316,14 @@ class CheckIn:
                 try:
                     self.store.wait([key], datetime.timedelta(seconds=remaining))
                 except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
-                    if not _is_timeout(exc):
+                    if not is_timeout(exc):
                         raise
                     remaining = 0
-            if self.store.check([key]):
+            if alone:
+                blob = peek(self.store, key)
+                if blob is not None:
+                    return blob
+            elif self.store.check([key]):
                 return bytes(self.store.get(key))
             if remaining < SHORTEST_WAIT:
                 return None
@@ -320,7 +369,7 @@ class CheckIn:
         others skipped (`_first`): ours (its verdict returned) or theirs (None: we wait on)."""
         markers = self._markers()
         if self.store.check([call.key]):  # decided meanwhile: read it, give nothing else up
-            return None
+            return bytes(self.store.get(call.key))
         here = {self.rank} | {q for q, m in markers.items() if m == call.marker}
         elsewhere: dict[bytes, set[int]] = {}
         for q, m in markers.items():
@@ -359,7 +408,7 @@ class CheckIn:
         return next((s for s in self.sites.values() if s.name == name), None)
 
 
-def _is_timeout(exc: Exception) -> bool:
+def is_timeout(exc: Exception) -> bool:
     """A store wait that reached its deadline (torch's DistStoreError; older torch: a RuntimeError saying so)."""
     name = type(exc).__name__
     if name in ("DistNetworkError", "ConnectionError", "BrokenPipeError"):

@@ -1,13 +1,14 @@
-"""This process's barrier-mode side: its check-in, and the warnings a call given up leaves behind."""
+"""This process's barrier-mode side: its check-in, the turns after a `go`, and the warnings a call given up leaves behind."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from .._callsite import Site
 from .._diagnostics import warn_once
 from ..store.connection import Store
 from .checkin import CheckIn, Verdict
+from .handoff import Handoff, after_check_in
 
 
 class BarrierSide:
@@ -24,12 +25,12 @@ class BarrierSide:
     ) -> None:
         self.checkin = CheckIn(store, rank, world_size, reconnect=reconnect)
 
-    def check_in(self, site: Site, timeout: float) -> str:
-        """`"go"`: every rank checked in (the barriers run); `"skip"`: some rank did not, nobody enters one."""
+    def check_in(self, site: Site, timeout: float) -> Union[str, Handoff]:
+        """Every rank checked in: the turns, handed over through the store; `"skip"`: some rank did not."""
         verdict = self.checkin.verdict(site, timeout)
         if not verdict.go:
             say_skipped(self.checkin, site, verdict, timeout)
-        return "go" if verdict.go else "skip"
+        return after_check_in(self.checkin, site, verdict, timeout)
 
 
 def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> None:

@@ -1,15 +1,15 @@
-"""Barrier mode's turns: each rank emits through its own logger, in rank order, between barriers.
+"""Barrier mode's turns: each rank emits through its own logger, in rank order.
 
 Rank 0's turn comes first whatever the verdict: it emits before it checks the call in, so that a `go`,
-which every rank reads after rank 0's check-in, also says rank 0's record is out. Then, on `go`, the
-other ranks take their turns between upstream's own `wait_for_everyone()` barriers (the check-in stood
-for the barrier after rank 0's turn). On `skip` nobody enters a barrier of this call: each rank emits
-at once. On `plain` (no store to check in through) the N turns run as upstream's do.
+which every rank reads after rank 0's check-in, also says rank 0's record is out. Then, on `go` (a
+`Turns` from the check-in), the other ranks take their turns point to point through the job's store
+(`handoff`): no collective. On `skip` each rank emits at once. On `plain` (no store to check in
+through) the N turns run between upstream's own `wait_for_everyone()` barriers, as upstream's do.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, Union
 
 from .. import _callsite
 from .._diagnostics import warn_once
@@ -75,9 +75,15 @@ def take_turns(
             return
 
 
+class Turns(Protocol):
+    """A `go` call's turns after rank 0's (`handoff.Handoff`)."""
+
+    def take_turns(self, emit: Callable[[], None]) -> None: ...
+
+
 def barrier_call(
     state: Any,
-    check_in: Callable[[], str],
+    check_in: Callable[[], Union[str, Turns]],
     adapter: Any,
     level: int,
     msg: Any,
@@ -89,15 +95,18 @@ def barrier_call(
 
     Args:
         state: accelerate's `PartialState`.
-        check_in (`Callable[[], str]`): checks this call in; `"go"`, `"skip"` or `"plain"` (`side.BarrierSide`).
+        check_in (`Callable[[], str | Turns]`): checks this call in; the go's `Turns`, `"skip"` or `"plain"`
+            (`side.BarrierSide`).
         adapter: the `MultiProcessAdapter` the user called; `level`, `msg`, `args`, `kwargs` as it got them.
         origin (`Origin`, *optional*): this rank's, set on its record as `rank` and `hostname`.
     """
     if state.process_index == 0:
         emit(adapter, level, msg, args, kwargs, origin)
-    verdict = check_in()
-    if verdict == "skip":  # some rank will not come: nobody enters a barrier of this call
+    outcome = check_in()
+    if not isinstance(outcome, str):
+        outcome.take_turns(lambda: emit(adapter, level, msg, args, kwargs, origin))
+    elif outcome == "skip":  # some rank will not come: nobody waits for anyone in this call
         if state.process_index != 0:
             emit(adapter, level, msg, args, kwargs, origin)
     else:
-        take_turns(state, adapter, level, msg, args, kwargs, 1 if verdict == "go" else 0, origin)
+        take_turns(state, adapter, level, msg, args, kwargs, 0, origin)

@@ -1,7 +1,7 @@
-"""A seeded schedule explorer for barrier mode's check-in: the real code, every interleaving a seed picks.
+"""A seeded schedule explorer for barrier mode: the real code, every interleaving a seed picks.
 
 Each rank is a thread running the product's own barrier-mode call (`barrier.turns.barrier_call`, which
-checks in through `checkin.CheckIn` and then takes its turns) over an in-memory store. Only one rank
+checks in through `checkin.CheckIn` and then takes its turns by `handoff.Handoff`) over an in-memory store. Only one rank
 runs at a time: every store operation, delay and collective stops the rank and hands control to the
 scheduler, which picks the next operation to run at random (from the seed) among those that can run.
 Time is virtual: it moves only when nothing can run, to the next deadline or wake-up. So a schedule
@@ -12,16 +12,23 @@ is a pure function of its seed, and a failing seed replays exactly:
 
 The seed draws a script per rank (2-4 ranks, 1-2 sites, steps with a user collective or not) and
 the divergences: a rank that skips a call, comes late, makes a main-only call, dies mid-call; junk
-written to a check-in key; a connection that fails once; the wall clock stepped (the check-in must
-not read it). After each schedule `check` holds the invariants:
+written to a check-in or handoff key; a connection that fails once; the wall clock stepped (the
+check-in must not read it); a rank that dies inside its turn (in its log handler), or whose handler is
+slow. After each schedule `check` holds the invariants:
 
 - every rank that checked in at a call read the same verdict, and the collectives paired (no rank in
   a barrier while another is in another collective);
-- no check-in waited longer than T;
-- the waiting a rank does in check-ins is at most 1.5 T per divergence (plus the delays it waited for);
-- every enabled record was emitted exactly once, and a `go` call's records in rank order;
-- a skip names only ranks that had not checked in at that call when it was written;
-- the store holds at most 2 keys per site and one per rank;
+- a `go` call's turns enter no collective (they pass through the store);
+- no check-in waited longer than T; no call, check-in and turns together, longer than 1.25 T (beyond a
+  slow handler's own time);
+- the waiting a rank does in calls is at most 1.5 T per divergence (plus the delays it waited for);
+- every enabled record was emitted exactly once, and a `go` call's records in rank order, no record of
+  another `go` call between them (unless a rank did not hand over in time, or a handoff key held junk):
+  consecutive calls never interleave, and a call returns once every rank's record is out;
+- a rank that comes to a call whose verdict is written already does not wait;
+- a skip names only ranks that had not checked in at that call when it was written; a rank named for not
+  handing over died, was slow, lost its connection, or had junk written over its handoff;
+- the store holds at most 2n keys per site and one per rank;
 - nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank.
 """
 
@@ -42,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from accelerate_inorder_fix.barrier import (
     checkin,  # noqa: E402
+    handoff,  # noqa: E402
     turns,  # noqa: E402
 )
 
@@ -82,6 +90,9 @@ class Script:
     die_at: dict[int, int] = field(default_factory=dict)  # rank -> the store op it dies at
     fail_at: dict[int, int] = field(default_factory=dict)  # rank -> the store op whose connection fails
     junk_after: Optional[int] = None  # junk goes into a check-in key after this many store operations
+    junk_handoff: bool = False  # ... into a handoff key being waited for, only
+    die_in_turn: dict[int, int] = field(default_factory=dict)  # rank -> the call whose emit it dies in
+    slow: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (call, seconds its emit takes)
     wall_jump: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -108,6 +119,8 @@ class Sim:
         self.marked: dict[tuple[int, bytes], int] = {}  # (rank, marker) -> tick it was set
         self.looking: dict[int, int] = {}  # rank -> tick of its first marker read in a row of them
         self.junked: set[int] = set()  # ranks whose marker was overwritten with junk
+        self.junked_handoff: set[int] = set()  # ranks whose handoff key junk was written into
+        self.decided: dict[str, float] = {}  # verdict key -> when a verdict was first written there
         self.failed: set[int] = set()  # ranks whose connection failed (what they were doing may be left undone)
 
     # -- what a rank thread calls -----------------------------------------------------------------
@@ -220,11 +233,15 @@ class Sim:
         # that stands was read by some ranks already, and bytes changed under them cannot be taken back.
         keys = sorted(k for k in self.data if k.startswith(checkin.MARK) or k.endswith("/n"))
         keys += sorted({k for q in self.pending.values() if q.name == "wait" for k in q.args[0] if k not in self.data})
+        if self.script.junk_handoff:
+            keys = [k for k in keys if k.startswith("b/h/")]
         if keys:
             key = self.rng.choice(keys)
             self.data[key] = b"\x00junk"
             if key.startswith(checkin.MARK):
                 self.junked.add(int(key[len(checkin.MARK) :]))
+            if key.startswith("b/h/"):
+                self.junked_handoff.add(int(key.rpartition("/")[2]))
             self.events.append(("junk", key, self.now))
             self.script.junk_after = None
 
@@ -246,6 +263,8 @@ class Sim:
             q.result = self._wait(q) if q.name == "wait" else getattr(self, "_" + q.name)(*q.args)
         except (StoreTimeout, ConnectionError) as exc:
             q.error = exc
+        if q.name == "compare_set" and q.args[0].startswith("b/s/") and q.result == q.args[2]:
+            self.decided.setdefault(q.args[0], self.now)
         if q.name == "compare_set" and q.args[0].startswith("b/s/") and q.args[2].startswith(checkin.SKIP):
             if q.result == q.args[2]:  # a skip written: who was counted at that call then
                 self._written_skip(q.args[0], q.result)
@@ -357,12 +376,15 @@ class Rank:
         self.logger = self
         self.calls = 0
         self.call_tag = ""
+        self.in_turns = False  # inside a `go` call's handoff turns
 
     def _reconnect(self) -> Connection:
         return Connection(self.sim, self.rank)
 
     # accelerate's PartialState, the adapter, its logger, and the session -- as `barrier_call` uses them
     def wait_for_everyone(self) -> None:
+        if self.in_turns:
+            self.sim.violations.append(f"rank {self.rank} entered a collective in the turns of {self.call_tag}")
         self.sim.block(Request(self.rank, "collective", "turn " + self.call_tag))
 
     def isEnabledFor(self, level: int) -> bool:
@@ -372,15 +394,21 @@ class Rank:
         return msg, kwargs
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if self.sim.script.die_in_turn.get(self.rank) == self.calls:
+            raise Killed()
+        call, seconds = self.sim.script.slow.get(self.rank, (0, 0.0))
+        if call == self.calls:
+            self.sim.block(Request(self.rank, "delay", until=self.sim.now + seconds))
         self.sim.events.append(("emit", self.rank, msg, self.sim.now))
 
-    def check_in(self, state: Any, settings: Any, site: Any) -> str:
+    def check_in(self, state: Any, settings: Any, site: Any) -> Any:
         start = self.sim.now
         verdict = self.side.verdict(site, T)
         state_k = self.side.sites[site].count
         self.call_tag = f"{checkin.site_name(site)}/{state_k}"
         self.sim.events.append(("verdict", self.rank, self.call_tag, verdict, start, self.sim.now, self.calls))
-        return "go" if verdict.go else "skip"
+        outcome = handoff.after_check_in(self.side, site, verdict, T)
+        return outcome if isinstance(outcome, str) else Turns(self, outcome, start)
 
     def main(self) -> None:
         died = False
@@ -402,6 +430,26 @@ class Rank:
             self.sim.violations.append(f"rank {self.rank} raised {exc!r}")
         finally:
             self.sim.finish(self.rank, died)
+
+
+class Turns:
+    """A `go` call's real `Handoff`, watched: how long its turns waited, whom they named, no collective."""
+
+    def __init__(self, rank: Rank, inner: handoff.Handoff, start: float) -> None:
+        self.rank, self.inner, self.start = rank, inner, start
+
+    def take_turns(self, emit: Any) -> None:
+        rank, sim = self.rank, self.rank.sim
+        self.inner.state = rank  # type: ignore[attr-defined]  # for the mutation that takes turns by barrier
+        begin = sim.now
+        rank.in_turns = True
+        try:
+            self.inner.take_turns(emit)
+        finally:
+            rank.in_turns = False
+        sim.events.append(
+            ("turns", rank.rank, rank.call_tag, begin, sim.now, self.inner.named, self.start, rank.calls)
+        )
 
 
 # -- schedules ---------------------------------------------------------------------------------------
@@ -439,7 +487,8 @@ def draw(seed: int) -> Script:
 
 
 def _diverge(rng: random.Random, script: Script, collectives: bool) -> None:
-    kinds = ["skip", "skip-step", "late", "junk", "fail", "wall"] + ([] if collectives else ["die", "die"])
+    kinds = ["skip", "skip-step", "late", "junk", "junk-handoff", "fail", "wall", "slow"]
+    kinds += [] if collectives else ["die", "die", "die-in-turn", "die-in-turn"]
     kind = rng.choice(kinds)
     r = rng.randrange(script.n)
     calls = [i for i, a in enumerate(script.actions[r]) if a[0] == "call"]
@@ -455,8 +504,13 @@ def _diverge(rng: random.Random, script: Script, collectives: bool) -> None:
         script.actions[r][start:end] = [a for a in script.actions[r][start:end] if a[0] != "call"]
     elif kind == "late":
         script.actions[r].insert(at, ("delay", round(rng.uniform(0.3, 2.0) * T, 3)))
-    elif kind == "junk":
+    elif kind in ("junk", "junk-handoff"):
         script.junk_after = rng.randint(1, 80)
+        script.junk_handoff = kind == "junk-handoff"
+    elif kind == "die-in-turn":
+        script.die_in_turn[r] = rng.randint(1, len(calls))
+    elif kind == "slow":
+        script.slow[r] = (rng.randint(1, len(calls)), round(rng.uniform(0.05, 1.2) * T, 3))
     elif kind == "fail":
         script.fail_at[r] = rng.randint(1, 12)
     elif kind == "wall":
@@ -478,32 +532,47 @@ def check(sim: Sim) -> list[str]:
     for _, rank, tag, verdict, start, end, _call in verdicts:
         if end - start > T + 1e-9:
             problems.append(f"rank {rank} waited {end - start:g} > T at {tag}")
+        if start > sim.decided.get("b/s/" + tag, start) and end > start:
+            problems.append(f"rank {rank} came to {tag} after its verdict was written, and waited {end - start:g}")
         if verdict.why not in ("retired", "store"):
             blob = b"go" if verdict.go else b"skip"
             if seen.setdefault(tag, blob) != blob:
                 problems.append(f"ranks read different verdicts at {tag}")
+    turns = [e for e in sim.events if e[0] == "turns"]
+    slow = sum(seconds for _, seconds in script.slow.values())  # handlers' own time, not waiting
+    for _, rank, tag, _begin, end, _named, start, _call in turns:
+        if end - start > (1 + handoff.LATE_GO) * T + slow + 1e-9:
+            problems.append(f"rank {rank}'s call {tag} took {end - start:g} > 1.25 T, check-in and turns")
     delays = {r: sum(a[1] for a in script.actions[r] if a[0] == "delay") for r in range(script.n)}
-    budget = 1.5 * T * script.divergences + sum(delays.values()) + (T if script.die_at else 0.0)
+    died = T if script.die_at or script.die_in_turn else 0.0
+    budget = 1.5 * T * script.divergences + sum(delays.values()) + died + slow
     for r in range(script.n):
-        waited = sum(e[5] - e[4] for e in verdicts if e[1] == r)
+        waited = sum(e[5] - e[4] for e in verdicts if e[1] == r) + sum(e[4] - e[3] for e in turns if e[1] == r)
         if waited > budget + 1e-9:
             problems.append(
-                f"rank {r} waited {waited:g} in check-ins, over {budget:g} for {script.divergences} divergence(s)"
+                f"rank {r} waited {waited:g} in calls, over {budget:g} for {script.divergences} divergence(s)"
             )
+    # A rank named for not handing over did not: it died, was slow, lost its connection, or junk stood in its key.
+    excused = sim.dead | set(script.slow) | sim.failed | sim.junked_handoff
+    problems += [
+        f"rank {e[1]} named rank {e[5]} at {e[2]}, which handed over" for e in turns if e[5] not in {None} | excused
+    ]
     problems += _records(sim)
     if script.notes == ["rank 0 makes a main-only call M each step"]:  # the every-rank calls must all go
         problems += [
             f"every rank made {e[2]}, yet it was skipped" for e in verdicts if "M.py" not in e[2] and not e[3].go
         ]
-    # + a junk verdict; + a deletion a failed connection or a death left undone
-    bound = 2 * len(SITES) + script.n + bool(any(e[0] == "junk" for e in sim.events)) + len(sim.failed | sim.dead)
+    # per site its counter, its verdict, and 2(n-1) handoff keys at most (a retired site: its last go's and its
+    # skip's); + a junk verdict; + a deletion a failed connection or a death left undone
+    junk = bool(any(e[0] == "junk" for e in sim.events))
+    bound = 2 * script.n * len(SITES) + script.n + junk + len(sim.failed | sim.dead)
     if len(sim.data) > bound:
         problems.append(f"{len(sim.data)} keys left in the store (bound {bound}): {sorted(sim.data)}")
     return problems
 
 
 def _records(sim: Sim) -> list[str]:
-    """Exactly once per enabled record of every rank that lived; a `go` call's records in rank order."""
+    """Exactly once per enabled record of every rank that lived; a `go` call's records in rank order, whole."""
     script, problems = sim.script, []
     emitted = [e[2] for e in sim.events if e[0] == "emit"]
     for r in range(script.n):
@@ -515,11 +584,25 @@ def _records(sim: Sim) -> list[str]:
             want = 0 if (r, call) in script.disabled else 1
             if count != want:
                 problems.append(f"rank {r}'s record of its call {call} emitted {count} times")
-    for tag in {e[2] for e in sim.events if e[0] == "verdict" and e[3].go}:
-        members = {(e[1], e[6]) for e in sim.events if e[0] == "verdict" and e[2] == tag}
+    gone = {e[2] for e in sim.events if e[0] == "verdict" and e[3].go}
+    broken = {e[2] for e in sim.events if e[0] == "turns" and e[5] is not None}  # a rank named: order as it can
+    broken |= {
+        e[1][len("b/h/") :].rpartition("/")[0] for e in sim.events if e[0] == "junk" and e[1].startswith("b/h/")
+    }
+    calls = {tag: {(e[1], e[6]) for e in sim.events if e[0] == "verdict" and e[2] == tag} for tag in gone}
+    # records of go calls that held (a skipped call's come out at once; a broken one's as they can)
+    ordered = set().union(*(calls[tag] for tag in gone - broken))
+    for tag in gone - broken:
+        if sim.failed:
+            break
+        members = calls[tag]
         order = [m[0] for m in emitted if (m[0], m[1]) in members]
         if order != sorted(order):
             problems.append(f"call {tag} went, but its records came out in the order {order}")
+        at = [i for i, m in enumerate(emitted) if (m[0], m[1]) in members] or [0]
+        between = [m for m in emitted[at[0] : at[-1]] if m[:2] in ordered and m[:2] not in members]
+        if between:
+            problems.append(f"call {tag} went, but other records came out between its own: {between}")
     return problems
 
 
@@ -551,6 +634,44 @@ def _delete_own_verdict(self: checkin.CheckIn, call: checkin.Call, verdict: byte
     return blob
 
 
+_RECEIVE = handoff.Handoff._receive
+
+
+def _no_handoff_wait(self: handoff.Handoff, m: int) -> None:
+    if m == self.last and self.rank < self.last:  # only the wait for the last rank's handoff
+        _RECEIVE(self, m)
+
+
+def _no_final_wait(self: handoff.Handoff, m: int) -> None:
+    if m != self.last:  # only the wait for the rank before
+        _RECEIVE(self, m)
+
+
+def _delete_own_handoff(self: handoff.Handoff) -> None:
+    key = self.call.handoff(self.rank)
+    self.side.store.set(key, checkin.HANDED)
+    self.side.store.delete_key(key)  # too early: its successor never sees it
+
+
+def _name_the_one_before(self: handoff.Handoff, m: int) -> int:
+    return m  # whoever was waited for, not the first rank whose handoff is missing
+
+
+def _no_skip_wake(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
+    blob = bytes(self.store.compare_set(call.key, "", verdict))  # the skip is not written to the handoff keys
+    if blob == verdict and call.k > 1:
+        self.store.delete_key(checkin.Call(call.site, call.k - 1).key)
+    return blob
+
+
+def _turns_by_barrier(self: handoff.Handoff, emit: Any) -> None:
+    rank = self.side.rank
+    for turn in range(1, self.last + 1):
+        self.state.wait_for_everyone()  # type: ignore[attr-defined]  # the explorer's rank (`Turns`)
+        if turn == rank:
+            emit()
+
+
 MUTATIONS: dict[str, tuple[str, Any]] = {
     "set-not-compare-set": ("_decide", _set_not_compare_set),
     "no-halfway": ("_halfway", _no_halfway),
@@ -558,12 +679,18 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "tie-to-the-highest-rank": ("_first", _tie_to_the_highest),
     "delete-own-verdict": ("_decide", _delete_own_verdict),
     "no-retire": ("RETIRE", None),
+    "no-handoff-wait": ("handoff:_receive", _no_handoff_wait),
+    "no-final-wait": ("handoff:_receive", _no_final_wait),
+    "delete-own-handoff": ("handoff:_hand_over", _delete_own_handoff),
+    "name-the-one-before": ("handoff:_first_missing", _name_the_one_before),
+    "no-skip-wake": ("_decide", _no_skip_wake),
+    "turns-by-barrier": ("handoff:take_turns", _turns_by_barrier),
     "wall-clock": ("WALL", None),
 }
 
 
 def mutated(name: str) -> Any:
-    """A context in which `checkin.CheckIn` carries mutation `name`."""
+    """A context in which `checkin.CheckIn` (or, "handoff:...", `handoff.Handoff`) carries mutation `name`."""
     import contextlib
     from unittest import mock
 
@@ -572,6 +699,8 @@ def mutated(name: str) -> Any:
         return mock.patch.object(checkin._SiteState, "retired", property(lambda self: False, lambda self, v: None))
     if attribute == "WALL":
         return contextlib.nullcontext()
+    if attribute.startswith("handoff:"):
+        return mock.patch.object(handoff.Handoff, attribute.partition(":")[2], replacement)
     return mock.patch.object(checkin.CheckIn, attribute, replacement)
 
 

@@ -1,5 +1,7 @@
 """Promise: barrier mode's check-in gives every rank one verdict per call, never waits past the timeout,
-and pays one wait per divergence -- over thousands of seeded schedules and in the hard cases by name.
+and pays one wait per divergence; its turns pass through the store in rank order, with no collective,
+and a rank that does not hand over costs one timeout and is named -- over thousands of seeded schedules
+and in the hard cases by name.
 
 The real check-in and the real barrier-mode call run in `explorer.py` (ranks as threads, one at a
 time, on an in-memory store and a virtual clock). The job tests (tests/jobs/test_checkin_outcomes.py)
@@ -55,7 +57,19 @@ def test_thousands_of_seeded_schedules_keep_every_invariant():
 
 def test_the_schedules_cover_every_kind_of_divergence():
     notes = " ".join(note for seed in range(SCHEDULES) for note in draw(seed).notes)
-    for kind in ("skip:", "skip-step:", "late:", "junk:", "fail:", "wall:", "die:", "main-only"):
+    kinds = (
+        "skip:",
+        "skip-step:",
+        "late:",
+        "junk:",
+        "junk-handoff:",
+        "fail:",
+        "wall:",
+        "die:",
+        "die-in-turn:",
+        "slow:",
+    )
+    for kind in (*kinds, "main-only"):
         assert notes.count(kind) >= 20, kind
 
 
@@ -164,3 +178,48 @@ def test_anything_else_in_a_verdict_key_reads_as_a_skip_that_names_nobody(blob):
 def test_site_names_are_the_whole_site_so_two_sites_never_share_keys():
     assert checkin.site_name(("a.py", "f", 12)) != checkin.site_name(("a.py", "f", 1))
     assert checkin.site_name(("train.py", "main", 7)) == "train.py:7:main"
+
+
+def turns(sim, rank=None):
+    return [e for e in sim.events if e[0] == "turns" and (rank is None or e[1] == rank)]
+
+
+def test_a_go_calls_turns_pass_through_the_store_in_rank_order_with_no_collective():
+    sim, problems = run(loop(4, 3, ["A", "B"], collective=False))
+    assert not problems
+    assert [e[1] for e in sim.events if e[0] == "emit"] == [0, 1, 2, 3] * 6
+    assert len(turns(sim)) == 4 * 6 and all(e[5] is None for e in turns(sim))
+
+
+@pytest.mark.parametrize("dead", [1, 2, 3])
+def test_a_rank_that_dies_in_its_turn_costs_one_timeout_and_is_the_one_named(dead):
+    script = loop(4, 4, ["A"], collective=False)
+    script.die_in_turn[dead] = 2
+    script.divergences = 1
+    sim, problems = run(script)
+    assert not problems, problems
+    named = {e[5] for e in turns(sim)} - {None}
+    assert named == {dead}
+    for r in set(range(4)) - {dead}:
+        assert waited(sim, r) + sum(e[4] - e[3] for e in turns(sim, r)) <= T + 1e-9, r
+    # the survivors' records of that call came out, each once, in rank order
+    assert [e[2][0] for e in sim.events if e[0] == "emit" and e[2][1] == 2] == [r for r in range(4) if r != dead]
+
+
+def test_a_slow_handler_is_named_and_the_ranks_after_it_go_on():
+    script = loop(4, 2, ["A"], collective=False)
+    script.slow[1] = (1, 1.2 * T)
+    script.divergences = 1
+    sim, problems = run(script)
+    assert not problems, problems
+    assert {e[5] for e in turns(sim)} - {None} == {1}
+    assert [e[2][:2] for e in sim.events if e[0] == "emit"].count((1, 1)) == 1
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_junk_in_a_handoff_key_is_no_hang_no_loss(seed):
+    script = loop(4, 3, ["A"], collective=False)
+    script.junk_after, script.junk_handoff = 1 + 4 * seed, True
+    script.divergences = 1
+    sim, problems = run(script, seed)
+    assert not problems, problems

@@ -1,0 +1,143 @@
+"""Barrier mode's turns after a `go`, passed point to point through the job's store: no collective.
+
+A `go` says every rank is in the call, and that rank 0's record is out (rank 0 emits before it checks
+in). So the turns need no barrier: rank r waits for rank r-1's handoff and nobody else's. One key per
+rank 1..N-1 and call, `b/h/<site>/<k>/<r>` (`checkin.Call.handoff`)::
+
+    rank 0        its record went out before the check-in; wait h/<N-1>
+    rank r > 0    r > 1: wait h/<r-1>; emit; set h/<r> "ok"; delete its h/<r> of call k-1
+    rank 0<r<N-1  wait h/<N-1>: the call returns once every rank's record is out
+
+The check-in is folded in: rank r > 1 waits for the verdict at h/<r-1>, rank 0 at h/<N-1>
+(`CheckIn._wake_key`), so for them a `go` and their turn (or the call's end) come as one key; a skip is
+written into every handoff key as well. Only rank 1 reads the verdict key.
+
+A rank's key of call k-1 is read by then: a `go` at call k says every rank has left call k-1, and
+each rank's waits there ended before it left. So at rest a site holds N-1 handoff keys; a retired
+site keeps those of its last `go` and of its skip, 2(N-1) (a skip is no proof that every rank has
+left the call before: one may still wait there for a rank that died).
+
+**A rank that does not hand over** (it died, or its handlers hang) costs what is left of the call's one
+timeout, once: every wait of a call, check-in and turns, ends at the check-in's deadline. Only a rank
+that comes to a wait in the timeout's last quarter (its `go` came late: a rank late by nearly T, a last
+arrival that died before it wrote the `go`; or its own handlers were slow) waits a quarter of T from
+then, so that a healthy chain is not cut short and nobody is named for a delay of its own. A rank whose
+wait runs out names the first rank whose handoff is missing (`check`, which wakes nobody), takes its
+turn and hands over, so the ranks after it go on at once (in rank order as far as their own deadlines
+allow). The named rank is *absent* for the check-in (`CheckIn.named`): until it checks in again, the
+next call gives up at once instead of waiting for it.
+
+**Junk in a handoff key** is said once and the turn goes on: whether the rank before has emitted cannot
+be known, so that call's order may not hold; no record is lost or repeated, no wait grows.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Callable, Optional, Union
+
+from .._callsite import Site
+from .._diagnostics import warn_once
+from ..store.connection import SHORTEST_WAIT, peek
+from .checkin import HANDED, Call, CheckIn, Verdict, is_timeout
+
+
+LATE_GO = 0.25  # of the timeout: what the turns have at least, after a `go` this rank learned late
+
+
+def after_check_in(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> Union[str, Handoff]:
+    """How this rank's turns go after `verdict`: by `Handoff` on a `go`, otherwise `"skip"`."""
+    return Handoff(side, side.last_call(site), timeout) if verdict.go else "skip"
+
+
+class Handoff:
+    """One rank's turns of one `go` call.
+
+    Attributes:
+        named: the rank this one named for not handing over (None: the chain held).
+    """
+
+    def __init__(self, side: CheckIn, call: Call, timeout: float) -> None:
+        self.side, self.call = side, call
+        self.rank, self.last = side.rank, side.world_size - 1
+        self.deadline, self.received, self.grace = side.deadline, side.received, timeout * LATE_GO
+        self.named: Optional[int] = None
+
+    def take_turns(self, emit: Callable[[], None]) -> None:
+        """Wait for the rank before (rank 2 on), emit, hand over; then wait for the last rank's handoff."""
+        emitted = self.rank == 0
+        try:
+            if self.rank > 0:
+                if self.rank > 1 and not self.received:
+                    self._receive(self.rank - 1)
+                emit()
+                emitted = True
+                self._hand_over()
+            if self.rank < self.last and not (self.rank == 0 and self.received):
+                self._receive(self.last)
+        except Exception as exc:  # noqa: BLE001 -- the store failed under us: the record goes out all the same
+            warn_once(
+                ("handoff", type(exc)), f"rank {self.rank}: an in_order handoff failed, logging unordered: {exc!r}"
+            )
+            if not emitted:
+                emit()
+
+    def _hand_over(self) -> None:
+        store = self.side.store
+        store.set(self.call.handoff(self.rank), HANDED)
+        if self.call.k > 1:  # read by everyone before this call's go (module docstring)
+            store.delete_key(Call(self.call.site, self.call.k - 1).handoff(self.rank))
+
+    def _receive(self, m: int) -> None:
+        """Wait for rank `m`'s handoff until the call's deadline (or a quarter timeout, if this rank comes
+        to the wait late); past it, name the rank that broke the chain."""
+        if not self._arrived(m, max(self.deadline, self.side.clock() + self.grace)):
+            self._give_up(self._first_missing(m))
+
+    def _arrived(self, m: int, deadline: float) -> bool:
+        """Whether rank `m`'s handoff is there by the deadline. A TCPStore wakes a key's waiters on any
+        `compare_set` of it, so a wait that returns proves nothing: the key is read (rank m+1, its only
+        waiter: `peek`) or checked (the last rank's, which every rank waits on: `check` wakes nobody)."""
+        store, key = self.side.store, self.call.handoff(m)
+        while True:
+            remaining = deadline - self.side.clock()
+            if remaining >= SHORTEST_WAIT:  # c10d reads a wait under 1 ms as 0: no timeout at all
+                try:
+                    store.wait([key], datetime.timedelta(seconds=remaining))
+                except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
+                    if not is_timeout(exc):
+                        raise
+                    remaining = 0
+            if m == self.rank - 1:
+                blob = peek(store, key)
+                if blob is not None:
+                    if blob != HANDED:
+                        self._say_damaged(m)
+                    return True
+            elif store.check([key]):
+                return True
+            if remaining < SHORTEST_WAIT:
+                return False
+
+    def _first_missing(self, m: int) -> int:
+        """The first rank, up to `m`, whose handoff is not in the store (rank `m`'s is not)."""
+        store = self.side.store
+        return next((q for q in range(1, m) if not store.check([self.call.handoff(q)])), m)
+
+    def _give_up(self, missing: int) -> None:
+        self.named = missing
+        self.side.named(missing)
+        then = "takes its turn and hands over" if self.rank > missing else "returns"
+        warn_once(
+            ("handoff", self.call.site, missing),
+            f"in_order call at {self.call.site} (call {self.call.k}): rank {missing} did not hand over its turn "
+            "within ACCELERATE_INORDER_TIMEOUT (it died, or its log handlers hang); "
+            f"rank {self.rank} {then} without it",
+        )
+
+    def _say_damaged(self, m: int) -> None:
+        warn_once(
+            ("handoff-damaged", self.call.site),
+            f"rank {self.rank}: the in_order handoff of rank {m} at {self.call.site} held something else; "
+            "this call's records may be out of rank order",
+        )
