@@ -17,15 +17,17 @@ each rank's waits there ended before it left. So at rest a site holds N-1 handof
 site keeps those of its last `go` and of its skip, 2(N-1) (a skip is no proof that every rank has
 left the call before: one may still wait there for a rank that died).
 
-**A rank that does not hand over** (it died, or its handlers hang) costs what is left of the call's one
-timeout, once: every wait of a call, check-in and turns, ends at the check-in's deadline. Only a rank
-that comes to a wait in the timeout's last quarter (its `go` came late: a rank late by nearly T, a last
-arrival that died before it wrote the `go`; or its own handlers were slow) waits a quarter of T from
-then, so that a healthy chain is not cut short and nobody is named for a delay of its own. A rank whose
-wait runs out names the first rank whose handoff is missing (`check`, which wakes nobody), takes its
-turn and hands over, so the ranks after it go on at once (in rank order as far as their own deadlines
-allow). The named rank is *absent* for the check-in (`CheckIn.named`): until it checks in again, the
-next call gives up at once instead of waiting for it.
+**A rank that does not hand over** (it died, or its handlers hang) costs the call's one timeout, once.
+Every wait of a call, check-in and turns, ends at the check-in's deadline, T after it began; a rank
+that comes to a wait in its last quarter (its `go` came late, or its own handlers were slow) waits a
+quarter of T from then, so that a healthy chain is not cut short. A rank whose wait runs out looks for
+the first rank whose handoff is missing (`check`, which wakes nobody). If that is the rank it waits
+for, it names it, takes its turn and hands over, so the ranks after it go on at once. If the break is
+further up, the rank right after the break is doing just that: it waits a quarter of T more for it, so
+the survivors' records stay in rank order and one rank names the one that broke the chain (every rank
+waiting for the last one, when that was the last). So a call waits T at most, 1.25 T past a break,
+1.5 T when it also came late. The named rank is *absent* for the check-in (`CheckIn.named`): until it
+checks in again, the next call gives up at once instead of waiting for it again.
 
 **Junk in a handoff key** is said once and the turn goes on: whether the rank before has emitted cannot
 be known, so that call's order may not hold; no record is lost or repeated, no wait grows.
@@ -42,7 +44,7 @@ from ..store.connection import SHORTEST_WAIT, peek
 from .checkin import HANDED, Call, CheckIn, Verdict, is_timeout
 
 
-LATE_GO = 0.25  # of the timeout: what the turns have at least, after a `go` this rank learned late
+GRACE = 0.25  # of the timeout: what a wait has at least when a rank comes to it late, and past a break
 
 
 def after_check_in(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> Union[str, Handoff]:
@@ -60,7 +62,7 @@ class Handoff:
     def __init__(self, side: CheckIn, call: Call, timeout: float) -> None:
         self.side, self.call = side, call
         self.rank, self.last = side.rank, side.world_size - 1
-        self.deadline, self.received, self.grace = side.deadline, side.received, timeout * LATE_GO
+        self.deadline, self.received, self.grace = side.deadline, side.received, timeout * GRACE
         self.named: Optional[int] = None
 
     def take_turns(self, emit: Callable[[], None]) -> None:
@@ -90,9 +92,14 @@ class Handoff:
 
     def _receive(self, m: int) -> None:
         """Wait for rank `m`'s handoff until the call's deadline (or a quarter timeout, if this rank comes
-        to the wait late); past it, name the rank that broke the chain."""
-        if not self._arrived(m, max(self.deadline, self.side.clock() + self.grace)):
-            self._give_up(self._first_missing(m))
+        to the wait late); past it, name the rank that broke the chain. When that is a rank before `m`,
+        the rank right after it is giving up about now: a quarter timeout more keeps the order."""
+        if self._arrived(m, max(self.deadline, self.side.clock() + self.grace)):
+            return
+        first = self._first_missing(m)
+        if first < m and self._arrived(m, self.side.clock() + self.grace):
+            return
+        self._give_up(self._first_missing(m) if first < m else m)
 
     def _arrived(self, m: int, deadline: float) -> bool:
         """Whether rank `m`'s handoff is there by the deadline. A TCPStore wakes a key's waiters on any

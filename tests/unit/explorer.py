@@ -19,7 +19,7 @@ slow. After each schedule `check` holds the invariants:
 - every rank that checked in at a call read the same verdict, and the collectives paired (no rank in
   a barrier while another is in another collective);
 - a `go` call's turns enter no collective (they pass through the store);
-- no check-in waited longer than T; no call, check-in and turns together, longer than 1.25 T (beyond a
+- no check-in waited longer than T; no call, check-in and turns together, longer than 1.5 T (beyond a
   slow handler's own time);
 - the waiting a rank does in calls is at most 1.5 T per divergence (plus the delays it waited for);
 - every enabled record was emitted exactly once, and a `go` call's records in rank order, no record of
@@ -541,8 +541,8 @@ def check(sim: Sim) -> list[str]:
     turns = [e for e in sim.events if e[0] == "turns"]
     slow = sum(seconds for _, seconds in script.slow.values())  # handlers' own time, not waiting
     for _, rank, tag, _begin, end, _named, start, _call in turns:
-        if end - start > (1 + handoff.LATE_GO) * T + slow + 1e-9:
-            problems.append(f"rank {rank}'s call {tag} took {end - start:g} > 1.25 T, check-in and turns")
+        if end - start > (1 + 2 * handoff.GRACE) * T + slow + 1e-9:
+            problems.append(f"rank {rank}'s call {tag} took {end - start:g} > 1.5 T, check-in and turns")
     delays = {r: sum(a[1] for a in script.actions[r] if a[0] == "delay") for r in range(script.n)}
     died = T if script.die_at or script.die_in_turn else 0.0
     budget = 1.5 * T * script.divergences + sum(delays.values()) + died + slow
