@@ -5,9 +5,10 @@ interleaved round by round so that they share the machine's load (a paired run):
 
 - `upstream`: accelerate's own `MultiProcessAdapter.log`, unpatched (every rank enabled: the setup
   where upstream works);
-- `barrier`: this package, barrier mode (each call checks in through the store, then N barriers);
-- `barrier_plain`: barrier mode with the check-in taken out (the N barriers alone, as before it): the
-  difference to `barrier` is the check-in's own cost;
+- `barrier`: this package, barrier mode (each call checks in through the store, then the turns are
+  handed over through it: no barrier);
+- `barrier_plain`: barrier mode with the store taken out (the N barriers alone, as without a store):
+  the difference to `barrier` (the "check-in" column) is what the store protocol saves or costs;
 - `gather`: this package, gather mode;
 - and a plain call (`logger.info(msg)`, no in_order) unpatched vs patched.
 
@@ -16,7 +17,7 @@ variant's figure is the median over `--rounds` batches, per call. Records go to 
 os.devnull, so terminal speed is not measured.
 
     accelerate-inorder-fix bench            # short: 2 and 4 ranks, 3 rounds (about a minute on 2 cores)
-    accelerate-inorder-fix bench --full     # the recorded run: 2, 4 and 8 ranks, 15 rounds
+    accelerate-inorder-fix bench --full     # the recorded run: 2, 4, 8 and 16 ranks, 15 rounds
     accelerate-inorder-fix bench --sizes 2,4,8 --calls 20 --rounds 5 --json FILE
 
 `main(argv)` is the entry point for a CLI; it prints a Markdown table and returns the results.
@@ -38,7 +39,7 @@ RESULT_TAG = "@@BENCH "
 PROG = "accelerate-inorder-fix bench"
 # The run behind the recorded table (benchmarks/RESULTS.md): `--full` is exactly it.
 RECORDED_ROUNDS = 15
-RECORDED_ARGS = f"--sizes 2,4,8 --rounds {RECORDED_ROUNDS}"
+RECORDED_ARGS = f"--sizes 2,4,8,16 --rounds {RECORDED_ROUNDS}"
 
 
 def noise_note(rounds: int) -> str:
@@ -182,7 +183,7 @@ def table(results: list[dict[str, Any]]) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help=f"the recorded run: {RECORDED_ARGS}")
-    parser.add_argument("--sizes", default=None, help="world sizes, comma-separated (default 2,4; --full 2,4,8)")
+    parser.add_argument("--sizes", default=None, help="world sizes, comma-separated (default 2,4; --full 2,4,8,16)")
     parser.add_argument("--calls", type=int, default=20, help="in_order calls per batch (default 20)")
     parser.add_argument(
         "--rounds", type=int, default=None, help=f"batches per variant (default 3; --full {RECORDED_ROUNDS})"
@@ -197,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> Optional[list[dict[str, Any]]]:
     """Run the benchmark; print the table (and machine line); return the list of results."""
     args = _parser().parse_args(argv)
-    args.sizes = args.sizes or ("2,4,8" if args.full else "2,4")
+    args.sizes = args.sizes or ("2,4,8,16" if args.full else "2,4")
     args.rounds = args.rounds or (RECORDED_ROUNDS if args.full else 3)
     if args.worker:
         _worker(args.calls, args.rounds, args.plain_calls)
