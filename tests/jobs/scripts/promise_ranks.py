@@ -107,7 +107,7 @@ class _Dies(logging.Filter):
 
 
 def killed_in_turn(r: Rank) -> Optional[str]:
-    """Rank 1 dies in its turn of an in_order call; the others' calls must end, each with one line on stderr."""
+    """Rank 1 dies in its turn of an in_order call; the others' calls must end, and one line names it."""
     r.log.info(f"killed_in_turn#0 r{r.index}", in_order=True)
     r.all_reduce_sum()
     if r.index == 1:
