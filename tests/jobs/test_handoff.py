@@ -41,9 +41,7 @@ def test_a_rank_dead_in_its_turn_costs_one_timeout_and_is_named(version, dying):
     assert job.killed is None, (job, job.stderr[-3000:])
     assert job.returncode == TORCHRUN_FAILED, (job, job.stderr[-3000:])
     assert sorted(int(line.split()[1][1:]) for line in job.lines if line.startswith("@@DONE ")) == survivors
-    seconds = {
-        int(m[1]): float(m[2]) for m in map(re.compile(r"^@@RESULT r(\d) seconds=(.*)$").match, job.lines) if m
-    }
+    seconds = {int(m[1]): float(m[2]) for m in map(re.compile(r"^@@RESULT r(\d) seconds=(.*)$").match, job.lines) if m}
     assert set(seconds) == set(survivors) and max(seconds.values()) < TIMEOUT + SLACK, seconds
     found = [(int(m["call"]), int(m["rank"]), int(m["by"])) for m in map(RECORD.match, job.lines) if m]
     want = [(call, r, r) for call in (1, 2) for r in range(NPROC)] + [(3, r, r) for r in survivors]

@@ -38,9 +38,10 @@ def main():
     dying = int(sys.argv[1])
     signal.signal(signal.SIGTERM, lambda *_: None)  # the agent's stop: finish the call first
 
-    import accelerate_inorder_fix  # noqa: F401 -- the test-suite keeps the start-up hook off
     from accelerate import PartialState
     from accelerate.logging import get_logger
+
+    import accelerate_inorder_fix  # noqa: F401 -- the test-suite keeps the start-up hook off
 
     state = PartialState(cpu=True)
     rank = state.process_index
