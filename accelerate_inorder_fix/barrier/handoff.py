@@ -97,9 +97,10 @@ class Handoff:
         if self._arrived(m, max(self.deadline, self.side.clock() + self.grace)):
             return
         first = self._first_missing(m)
-        if first < m and self._arrived(m, self.side.clock() + self.grace):
-            return
-        self._give_up(self._first_missing(m) if first < m else m)
+        if first is not None and first < m:
+            first = None if self._arrived(m, self.side.clock() + self.grace) else self._first_missing(m)
+        if first is not None:
+            self._give_up(first)
 
     def _arrived(self, m: int, deadline: float) -> bool:
         """Whether rank `m`'s handoff is there by the deadline. A TCPStore wakes a key's waiters on any
@@ -126,10 +127,10 @@ class Handoff:
             if remaining < SHORTEST_WAIT:
                 return False
 
-    def _first_missing(self, m: int) -> int:
-        """The first rank, up to `m`, whose handoff is not in the store (rank `m`'s is not)."""
+    def _first_missing(self, m: int) -> Optional[int]:
+        """The first rank, up to `m`, whose handoff is not in the store; None when all are (rank m's came just now)."""
         store = self.side.store
-        return next((q for q in range(1, m) if not store.check([self.call.handoff(q)])), m)
+        return next((q for q in range(1, m + 1) if not store.check([self.call.handoff(q)])), None)
 
     def _give_up(self, missing: int) -> None:
         self.named = missing

@@ -27,7 +27,7 @@ slow. After each schedule `check` holds the invariants:
   consecutive calls never interleave, and a call returns once every rank's record is out;
 - a rank that comes to a call whose verdict is written already does not wait;
 - a skip names only ranks that had not checked in at that call when it was written; a rank named for not
-  handing over died, was slow, lost its connection, or had junk written over its handoff;
+  handing over had not when it was named, and every rank before it had (or junk, a failed connection);
 - the store holds at most 2n keys per site and one per rank;
 - nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank.
 """
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import random
 import sys
 import threading
@@ -121,6 +122,7 @@ class Sim:
         self.junked: set[int] = set()  # ranks whose marker was overwritten with junk
         self.junked_handoff: set[int] = set()  # ranks whose handoff key junk was written into
         self.decided: dict[str, float] = {}  # verdict key -> when a verdict was first written there
+        self.handed: dict[str, int] = {}  # handoff key -> the store operation by which its rank handed over
         self.failed: set[int] = set()  # ranks whose connection failed (what they were doing may be left undone)
 
     # -- what a rank thread calls -----------------------------------------------------------------
@@ -263,6 +265,8 @@ class Sim:
             q.result = self._wait(q) if q.name == "wait" else getattr(self, "_" + q.name)(*q.args)
         except (StoreTimeout, ConnectionError) as exc:
             q.error = exc
+        if q.name == "set" and q.args[0].startswith("b/h/") and q.args[1] == checkin.HANDED:
+            self.handed.setdefault(q.args[0], self.tick)
         if q.name == "compare_set" and q.args[0].startswith("b/s/") and q.result == q.args[2]:
             self.decided.setdefault(q.args[0], self.now)
         if q.name == "compare_set" and q.args[0].startswith("b/s/") and q.args[2].startswith(checkin.SKIP):
@@ -437,10 +441,18 @@ class Turns:
 
     def __init__(self, rank: Rank, inner: handoff.Handoff, start: float) -> None:
         self.rank, self.inner, self.start = rank, inner, start
+        self.named_at = 0
 
     def take_turns(self, emit: Any) -> None:
         rank, sim = self.rank, self.rank.sim
         self.inner.state = rank  # type: ignore[attr-defined]  # for the mutation that takes turns by barrier
+        give_up = self.inner._give_up
+
+        def named(missing: int) -> None:
+            self.named_at = sim.tick  # the store operations run before this rank named one
+            give_up(missing)
+
+        self.inner._give_up = named  # type: ignore[method-assign]
         begin = sim.now
         rank.in_turns = True
         try:
@@ -448,7 +460,17 @@ class Turns:
         finally:
             rank.in_turns = False
         sim.events.append(
-            ("turns", rank.rank, rank.call_tag, begin, sim.now, self.inner.named, self.start, rank.calls)
+            (
+                "turns",
+                rank.rank,
+                rank.call_tag,
+                begin,
+                sim.now,
+                self.inner.named,
+                self.start,
+                rank.calls,
+                self.named_at,
+            )
         )
 
 
@@ -540,7 +562,7 @@ def check(sim: Sim) -> list[str]:
                 problems.append(f"ranks read different verdicts at {tag}")
     turns = [e for e in sim.events if e[0] == "turns"]
     slow = sum(seconds for _, seconds in script.slow.values())  # handlers' own time, not waiting
-    for _, rank, tag, _begin, end, _named, start, _call in turns:
+    for _, rank, tag, _begin, end, _named, start, _call, _at in turns:
         if end - start > (1 + 2 * handoff.GRACE) * T + slow + 1e-9:
             problems.append(f"rank {rank}'s call {tag} took {end - start:g} > 1.5 T, check-in and turns")
     delays = {r: sum(a[1] for a in script.actions[r] if a[0] == "delay") for r in range(script.n)}
@@ -552,11 +574,19 @@ def check(sim: Sim) -> list[str]:
             problems.append(
                 f"rank {r} waited {waited:g} in calls, over {budget:g} for {script.divergences} divergence(s)"
             )
-    # A rank named for not handing over did not: it died, was slow, lost its connection, or junk stood in its key.
+    # A rank named for not handing over had not when it was named (it died, was slow or behind a slow one),
+    # or it lost its connection, or junk stood in its key.
     excused = sim.dead | set(script.slow) | sim.failed | sim.junked_handoff
-    problems += [
-        f"rank {e[1]} named rank {e[5]} at {e[2]}, which handed over" for e in turns if e[5] not in {None} | excused
-    ]
+    for e in turns:
+        handed = sim.handed.get(f"b/h/{e[2]}/{e[5]}", math.inf)
+        if e[5] is not None and e[5] not in excused and handed <= e[8]:
+            problems.append(f"rank {e[1]} named rank {e[5]} at {e[2]}, which had handed over before")
+        # ... and it was the first that had not: every rank before it had handed over
+        before = [p for p in range(1, e[5] or 0) if sim.handed.get(f"b/h/{e[2]}/{p}", math.inf) > e[8]]
+        if set(before) - sim.junked_handoff - sim.failed:
+            problems.append(
+                f"rank {e[1]} named rank {e[5]} at {e[2]}, but rank(s) {before} had not handed over either"
+            )
     problems += _records(sim)
     if script.notes == ["rank 0 makes a main-only call M each step"]:  # the every-rank calls must all go
         problems += [
@@ -654,7 +684,7 @@ def _delete_own_handoff(self: handoff.Handoff) -> None:
 
 
 def _name_the_one_before(self: handoff.Handoff, m: int) -> int:
-    return m  # whoever was waited for, not the first rank whose handoff is missing
+    return m  # whoever was waited for (even if it handed over just now), not the first rank whose handoff is missing
 
 
 def _no_skip_wake(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
