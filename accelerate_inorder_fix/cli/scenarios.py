@@ -224,9 +224,11 @@ def run_worker(names: list[str], extra: Optional[dict[str, Callable[[Rank], Opti
 # Parent side (reads the merged output of all ranks)
 # ---------------------------------------------------------------------------------------------
 
+# A record line: gather mode's host tag (jobs over several hosts), upstream's or gather mode's rank tag,
+# then what the scenario logged and what the format appends.
 _RECORD = re.compile(
-    r"^(?:\[RANK (?P<prefix>\d+)\] )?(?P<tag>\w+)#(?P<call>\d+) r(?P<rank>\d+) at=(?P<want>\S+) @@(?P<got>\S+)"
-    r"(?: by=r(?P<by>\d+))?$"
+    r"^(?:\[(?P<host>[^\]\s]+)\] )?(?:\[RANK (?P<prefix>\d+)\] )?"
+    r"(?P<tag>\w+)#(?P<call>\d+) r(?P<rank>\d+) at=(?P<want>\S+) @@(?P<got>\S+)(?: by=r(?P<by>\d+))?$"
 )
 
 

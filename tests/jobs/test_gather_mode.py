@@ -9,6 +9,7 @@
 """
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -149,5 +150,10 @@ def test_two_nodes_all_records_in_node_0(tmp_path):
     assert {name: scenarios.check(name, 4, merged) for name in names} == dict.fromkeys(names, ("ordered", ""))
     writers = {by for name in names for by in scenarios.writers(node0, name).values()}
     assert writers == {0}, writers
+    # Over two hosts, every line gather mode prints leads with its host (issue 28): here both "hosts" are
+    # this machine, so each record names it.
+    host = f"[{socket.gethostname()}] [RANK "
+    records = [line for line in node0 if "#" in line and "@@" in line]
+    assert records and all(line.startswith(host) for line in records), records[:4]
     # Node 1 keeps its plain `main_process_only=False` lines; no in_order record is printed there.
     assert not [record for name in names for record in scenarios.parse(node1, name)], node1
