@@ -292,7 +292,7 @@ class CheckIn:
     def _read_verdict(self, call: Call, deadline: float) -> Optional[bytes]:
         """The verdict, once this rank's wake key holds something, waiting until `deadline`; None if not."""
         key = self._wake_key(call)
-        blob = self._read(key, deadline, alone=self.rank > 1)
+        blob = self._read(key, deadline, alone=self.rank != 0)
         if key == call.key or blob is None:
             return blob
         if blob == HANDED:
@@ -302,29 +302,31 @@ class CheckIn:
             return bytes(self.store.get(call.key))
         return self._give_up(call, "damaged", {})  # junk where a handoff was awaited, before any verdict
 
-    def _read(self, key: str, deadline: float, alone: bool = False) -> Optional[bytes]:
+    def _read(self, key: str, deadline: float, alone: bool) -> Optional[bytes]:
         """The value of `key` once it is there, waiting until `deadline`; None if it did not come.
 
-        A TCPStore wakes a key's waiters whenever anyone `compare_set`s it, there or not, and its `get`
-        of a missing key answers b"". So a wait that returns proves nothing: `check` says whether the key
-        is there (waking nobody), and a rank waits again while it is not. The only waiter of a key
-        (`alone`) reads it with `peek`, in one round trip: whom it wakes is itself.
+        A TCPStore wakes a key's waiters whenever anyone `compare_set`s it, there or not (`peek` is one),
+        and its `get` of a missing key answers b"". So this package `peek`s a key that others wait on
+        only when it knows the key is there: its own wait on it returned, or `check` (which wakes nobody)
+        said so. The only waiter of a key (`alone`) may peek it any time: whom it wakes is itself. Then
+        nothing but a write wakes a shared key's waiters, and they trust a wait that returns
+        (`handoff.Handoff._arrived`): one round trip each, where a `check` and a `get` were three.
         """
         while True:
             remaining = deadline - self.clock()
+            woken = False
             if remaining >= SHORTEST_WAIT:  # c10d reads a wait under 1 ms as 0: no timeout at all
                 try:
                     self.store.wait([key], datetime.timedelta(seconds=remaining))
+                    woken = True
                 except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
                     if not is_timeout(exc):
                         raise
                     remaining = 0
-            if alone:
+            if alone or woken or self.store.check([key]):
                 blob = peek(self.store, key)
                 if blob is not None:
                     return blob
-            elif self.store.check([key]):
-                return bytes(self.store.get(key))
             if remaining < SHORTEST_WAIT:
                 return None
 

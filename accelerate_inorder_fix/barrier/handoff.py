@@ -103,15 +103,17 @@ class Handoff:
             self._give_up(first)
 
     def _arrived(self, m: int, deadline: float) -> bool:
-        """Whether rank `m`'s handoff is there by the deadline. A TCPStore wakes a key's waiters on any
-        `compare_set` of it, so a wait that returns proves nothing: the key is read (rank m+1, its only
-        waiter: `peek`) or checked (the last rank's, which every rank waits on: `check` wakes nobody)."""
+        """Whether rank `m`'s handoff is there by the deadline. Its only waiter, rank m+1, reads it (`peek`,
+        for junk). Every rank waits on the last rank's: a wait that returns says it is there, since nothing
+        `compare_set`s that key while it is missing (`CheckIn._read`); one that timed out, `check`."""
         store, key = self.side.store, self.call.handoff(m)
         while True:
             remaining = deadline - self.side.clock()
+            woken = False
             if remaining >= SHORTEST_WAIT:  # c10d reads a wait under 1 ms as 0: no timeout at all
                 try:
                     store.wait([key], datetime.timedelta(seconds=remaining))
+                    woken = True
                 except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
                     if not is_timeout(exc):
                         raise
@@ -122,7 +124,7 @@ class Handoff:
                     if blob != HANDED:
                         self._say_damaged(m)
                     return True
-            elif store.check([key]):
+            elif woken or store.check([key]):
                 return True
             if remaining < SHORTEST_WAIT:
                 return False
