@@ -78,7 +78,7 @@ def make_log_wrapper(
             else:
                 barrier_call(
                     state,
-                    lambda: session.check_in(state, settings, site),
+                    lambda record: session.check_in(state, settings, site, record),
                     instance,
                     level,
                     msg,

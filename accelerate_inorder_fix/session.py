@@ -146,7 +146,7 @@ class InOrderSession:
 
     # -- barrier mode -----------------------------------------------------------------------
 
-    def check_in(self, state: Any, settings: Settings, site: Site) -> Union[str, Handoff]:
+    def check_in(self, state: Any, settings: Settings, site: Site, record: Callable[[], None]) -> Union[str, Handoff]:
         """Barrier mode: how this call's turns go.
 
         A `Handoff`: every rank checked in, the turns pass through the store (`barrier.handoff`);
@@ -161,7 +161,7 @@ class InOrderSession:
                 return "plain"
             if self._barrier is None:
                 self._barrier = BarrierSide(self._store, state.process_index, state.num_processes, self._reconnect)
-            return self._barrier.check_in(site, settings.timeout())
+            return self._barrier.check_in(site, settings.timeout(), record)
 
     # -- gather mode ------------------------------------------------------------------------
 

@@ -180,10 +180,16 @@ class CheckIn:
         self.patience = 0.0  # seconds the calls may still wait for absent ranks, in all
         self.calls = 0  # check-ins made by this process
         self.deadline = 0.0  # of the latest check-in: its turns end by then too (`handoff`)
-        self.received = False  # the latest `go` came as this rank's handoff (`_wake_key`)
+        self.woken = False  # the latest check-in's wait ended on a write to this rank's wake key (`_wake_key`)
+        self.on_wake: Optional[Callable[[Call], None]] = None  # of the latest check-in (`verdict`)
 
-    def verdict(self, site: Site, timeout: float) -> Verdict:
-        """Check this process's next call at `site` in, and return the verdict every rank follows."""
+    def verdict(self, site: Site, timeout: float, on_wake: Optional[Callable[[Call], None]] = None) -> Verdict:
+        """Check this process's next call at `site` in, and return the verdict every rank follows.
+
+        Args:
+            on_wake (`Callable[[Call], None]`, *optional*): called once, with the call, when a write to
+                this rank's wake key ends its wait, before the verdict is read (`_read_verdict`).
+        """
         state = self.sites.get(site) or self.sites.setdefault(site, _SiteState(site_name(site)))
         if state.retired:
             return RETIRED
@@ -191,7 +197,7 @@ class CheckIn:
         self.calls += 1
         state.before, state.last = state.last, self.calls
         call = Call(state.name, state.count)
-        self.deadline, self.received = self.clock() + timeout, False
+        self.deadline, self.woken, self.on_wake = self.clock() + timeout, False, on_wake
         try:
             verdict = self._check_in(call, self.deadline, timeout)
         except Exception:  # noqa: BLE001 -- the store failed under us: one more try, on a new connection
@@ -224,10 +230,20 @@ class CheckIn:
         arrived = int(self.store.add(call.counter, 1))
         last = call.k * self.world_size
         if arrived == last:
-            return Verdict.decode(self._decide(call, GO))
+            blob = self._decide(call, GO)
+            self._forget_handoff(call)
+            return Verdict.decode(blob)
         if not last - self.world_size < arrived < last:  # a counter someone else wrote to
             return Verdict.decode(self._give_up(call, "damaged", {}))
+        self._forget_handoff(call)
         return Verdict.decode(self._await(call, deadline, timeout))
+
+    def _forget_handoff(self, call: Call) -> None:
+        """Delete this rank's handoff key of two calls back at the site. The call before this one went (a
+        skip retires the site), so every rank has left the one before that, and read the key. Here, not
+        when it hands over, the delete costs no rank its turn, nor the last rank the next call."""
+        if self.rank > 0 and call.k > 2:
+            self.store.delete_key(Call(call.site, call.k - 2).handoff(self.rank))
 
     def _await(self, call: Call, deadline: float, timeout: float) -> bytes:
         """Wait for the verdict until T (halfway, look for a wait-for cycle); for absent ranks, less."""
@@ -256,14 +272,16 @@ class CheckIn:
         return self._decide(call, skip.encode())
 
     def _decide(self, call: Call, verdict: bytes) -> bytes:
-        """Write `verdict` for `call` unless one is there; the one that stands. Its writer deletes the
-        verdict of the call before at the site: every rank has read it (the ranks here to come here,
-        the others to pass its barriers)."""
+        """Write `verdict` for `call` unless one is there; the one that stands. The writer of a `go`
+        deletes the verdict of the call before at the site: every rank has left that call, so has read it.
+        A skip proves no such thing (a rank may still be reading it): it stays, with the retired site."""
         blob = bytes(self.store.compare_set(call.key, "", verdict))
-        if blob == verdict and verdict != GO:  # wake the ranks that wait at a handoff key instead
+        if blob != verdict:
+            return blob
+        if verdict != GO:  # wake the ranks that wait at a handoff key instead
             for q in range(1, self.world_size):
                 self.store.set(call.handoff(q), SKIPPED)
-        if blob == verdict and call.k > 1:
+        elif call.k > 1:
             self.store.delete_key(Call(call.site, call.k - 1).key)
         return blob
 
@@ -290,45 +308,37 @@ class CheckIn:
         return call.handoff(self.rank - 1 if self.rank > 1 else self.world_size - 1)
 
     def _read_verdict(self, call: Call, deadline: float) -> Optional[bytes]:
-        """The verdict, once this rank's wake key holds something, waiting until `deadline`; None if not."""
-        key = self._wake_key(call)
-        blob = self._read(key, deadline, alone=self.rank != 0)
-        if key == call.key or blob is None:
-            return blob
-        if blob == HANDED:
-            self.received = True
-            return GO
-        if self.store.check([call.key]):  # a skip (or junk in the handoff key after a verdict)
-            return bytes(self.store.get(call.key))
-        return self._give_up(call, "damaged", {})  # junk where a handoff was awaited, before any verdict
+        """The verdict, once a write to this rank's wake key ends its wait before `deadline`; None if none came.
 
-    def _read(self, key: str, deadline: float, alone: bool) -> Optional[bytes]:
-        """The value of `key` once it is there, waiting until `deadline`; None if it did not come.
-
-        A TCPStore wakes a key's waiters whenever anyone `compare_set`s it, there or not (`peek` is one),
-        and its `get` of a missing key answers b"". So this package `peek`s a key that others wait on
-        only when it knows the key is there: its own wait on it returned, or `check` (which wakes nobody)
-        said so. The only waiter of a key (`alone`) may peek it any time: whom it wakes is itself. Then
-        nothing but a write wakes a shared key's waiters, and they trust a wait that returns
-        (`handoff.Handoff._arrived`): one round trip each, where a `check` and a `get` were three.
+        The write is the verdict itself (rank 1), rank r-1's handoff (rank r > 1: a `go`, and its turn),
+        the last rank's (rank 0: the call's end), or a skip. `on_wake` runs first: rank r >= 1 takes its
+        turn there and then (its record out, its handoff set), so a turn costs no round trip before the
+        next. In a skip that only puts its record out early; the verdict is read after, and decides.
         """
-        while True:
-            remaining = deadline - self.clock()
-            woken = False
-            if remaining >= SHORTEST_WAIT:  # c10d reads a wait under 1 ms as 0: no timeout at all
-                try:
-                    self.store.wait([key], datetime.timedelta(seconds=remaining))
-                    woken = True
-                except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
-                    if not is_timeout(exc):
-                        raise
-                    remaining = 0
-            if alone or woken or self.store.check([key]):
-                blob = peek(self.store, key)
-                if blob is not None:
-                    return blob
-            if remaining < SHORTEST_WAIT:
-                return None
+        if not self.wait_for(self._wake_key(call), deadline):
+            return None
+        if not self.woken and self.on_wake is not None:
+            self.on_wake(call)
+        self.woken = True
+        blob = peek(self.store, call.key)  # there: every write to a wake key follows the verdict
+        return blob if blob is not None else self._give_up(call, "damaged", {})  # junk woke us, before any verdict
+
+    def wait_for(self, key: str, deadline: float) -> bool:
+        """Whether a write to `key` ends this rank's wait before `deadline`.
+
+        A TCPStore wakes a key's waiters whenever anyone `compare_set`s it, there or not (`peek` is one).
+        This package peeks a waited-for key only once it is known to be there (after a wake), so a wait
+        that returns is a write. One that reaches its deadline asks `check`, which wakes nobody.
+        """
+        remaining = deadline - self.clock()
+        if remaining >= SHORTEST_WAIT:  # c10d reads a wait under 1 ms as 0: no timeout at all
+            try:
+                self.store.wait([key], datetime.timedelta(seconds=remaining))
+                return True
+            except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
+                if not is_timeout(exc):
+                    raise
+        return bool(self.store.check([key]))
 
     def _peek(self, key: str) -> bytes:
         """The value of `key`, or b"" when it has none: never waits, never creates it (but wakes its

@@ -35,16 +35,28 @@ be known, so that call's order may not hold; no record is lost or repeated, no w
 
 from __future__ import annotations
 
-import datetime
 from typing import Callable, Optional, Union
 
 from .._callsite import Site
 from .._diagnostics import warn_once
-from ..store.connection import SHORTEST_WAIT, peek
-from .checkin import HANDED, Call, CheckIn, Verdict, is_timeout
+from ..store.connection import peek
+from .checkin import HANDED, Call, CheckIn, Verdict
 
 
 GRACE = 0.25  # of the timeout: what a wait has at least when a rank comes to it late, and past a break
+
+
+def turn_on_wake(side: CheckIn, record: Callable[[], None]) -> Optional[Callable[[Call], None]]:
+    """What rank r >= 1 does the moment a write to its wake key ends its check-in's wait (`CheckIn.verdict`'s
+    `on_wake`): its record goes out and it hands over, before it reads the verdict. None for rank 0."""
+    if side.rank == 0:
+        return None
+
+    def take_turn(call: Call) -> None:
+        record()
+        side.store.set(call.handoff(side.rank), HANDED)
+
+    return take_turn
 
 
 def after_check_in(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> Union[str, Handoff]:
@@ -62,33 +74,26 @@ class Handoff:
     def __init__(self, side: CheckIn, call: Call, timeout: float) -> None:
         self.side, self.call = side, call
         self.rank, self.last = side.rank, side.world_size - 1
-        self.deadline, self.received, self.grace = side.deadline, side.received, timeout * GRACE
+        self.deadline, self.woken, self.grace = side.deadline, side.woken, timeout * GRACE
         self.named: Optional[int] = None
 
-    def take_turns(self, emit: Callable[[], None]) -> None:
-        """Wait for the rank before (rank 2 on), emit, hand over; then wait for the last rank's handoff."""
-        emitted = self.rank == 0
+    def take_turns(self, record: Callable[[], None]) -> None:
+        """This rank's turn, unless its check-in took it (rank 2 on wait for the rank before, emit, hand over);
+        then wait for the last rank's handoff. `record` puts this rank's record out, once however often called."""
         try:
             if self.rank > 0:
-                if self.rank > 1 and not self.received:
-                    self._receive(self.rank - 1)
-                emit()
-                emitted = True
-                self._hand_over()
-            if self.rank < self.last and not (self.rank == 0 and self.received):
+                if not self.woken:
+                    if self.rank > 1:
+                        self._receive(self.rank - 1)
+                    record()
+                    self.side.store.set(self.call.handoff(self.rank), HANDED)
+            if self.rank < self.last and not (self.rank == 0 and self.woken):
                 self._receive(self.last)
         except Exception as exc:  # noqa: BLE001 -- the store failed under us: the record goes out all the same
             warn_once(
                 ("handoff", type(exc)), f"rank {self.rank}: an in_order handoff failed, logging unordered: {exc!r}"
             )
-            if not emitted:
-                emit()
-
-    def _hand_over(self) -> None:
-        store = self.side.store
-        store.set(self.call.handoff(self.rank), HANDED)
-        if self.call.k > 1:  # read by everyone before this call's go (module docstring)
-            store.delete_key(Call(self.call.site, self.call.k - 1).handoff(self.rank))
+            record()
 
     def _receive(self, m: int) -> None:
         """Wait for rank `m`'s handoff until the call's deadline (or a quarter timeout, if this rank comes
@@ -103,31 +108,13 @@ class Handoff:
             self._give_up(first)
 
     def _arrived(self, m: int, deadline: float) -> bool:
-        """Whether rank `m`'s handoff is there by the deadline. Its only waiter, rank m+1, reads it (`peek`,
-        for junk). Every rank waits on the last rank's: a wait that returns says it is there, since nothing
-        `compare_set`s that key while it is missing (`CheckIn._read`); one that timed out, `check`."""
-        store, key = self.side.store, self.call.handoff(m)
-        while True:
-            remaining = deadline - self.side.clock()
-            woken = False
-            if remaining >= SHORTEST_WAIT:  # c10d reads a wait under 1 ms as 0: no timeout at all
-                try:
-                    store.wait([key], datetime.timedelta(seconds=remaining))
-                    woken = True
-                except Exception as exc:  # noqa: BLE001 -- DistStoreError at the deadline; anything else is real
-                    if not is_timeout(exc):
-                        raise
-                    remaining = 0
-            if m == self.rank - 1:
-                blob = peek(store, key)
-                if blob is not None:
-                    if blob != HANDED:
-                        self._say_damaged(m)
-                    return True
-            elif woken or store.check([key]):
-                return True
-            if remaining < SHORTEST_WAIT:
-                return False
+        """Whether rank `m`'s handoff is there by the deadline; its only waiter, rank m+1, reads it for junk."""
+        key = self.call.handoff(m)
+        if not self.side.wait_for(key, deadline):
+            return False
+        if m == self.rank - 1 and peek(self.side.store, key) not in (HANDED, None):
+            self._say_damaged(m)
+        return True
 
     def _first_missing(self, m: int) -> Optional[int]:
         """The first rank, up to `m`, whose handoff is not in the store; None when all are (rank m's came just now)."""

@@ -8,7 +8,7 @@ from .._callsite import Site
 from .._diagnostics import warn_once
 from ..store.connection import Store
 from .checkin import CheckIn, Verdict
-from .handoff import Handoff, after_check_in
+from .handoff import Handoff, after_check_in, turn_on_wake
 
 
 class BarrierSide:
@@ -25,9 +25,10 @@ class BarrierSide:
     ) -> None:
         self.checkin = CheckIn(store, rank, world_size, reconnect=reconnect)
 
-    def check_in(self, site: Site, timeout: float) -> Union[str, Handoff]:
-        """Every rank checked in: the turns, handed over through the store; `"skip"`: some rank did not."""
-        verdict = self.checkin.verdict(site, timeout)
+    def check_in(self, site: Site, timeout: float, record: Callable[[], None]) -> Union[str, Handoff]:
+        """Every rank checked in: the turns, handed over through the store; `"skip"`: some rank did not.
+        `record` puts this rank's record out (once), if its turn comes in the check-in (`turn_on_wake`)."""
+        verdict = self.checkin.verdict(site, timeout, turn_on_wake(self.checkin, record))
         if not verdict.go:
             say_skipped(self.checkin, site, verdict, timeout)
         return after_check_in(self.checkin, site, verdict, timeout)

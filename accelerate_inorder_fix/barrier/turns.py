@@ -9,6 +9,7 @@ through) the N turns run between upstream's own `wait_for_everyone()` barriers, 
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional, Protocol, Union
 
 from .. import _callsite
@@ -44,6 +45,28 @@ def emit(
             adapter.logger.removeFilter(stamping)
 
 
+class Record:
+    """This rank's record of one in_order call: out at most once, whichever step gets to it first (its
+    turn in the check-in or after it, a skip, a failure)."""
+
+    def __init__(
+        self,
+        adapter: Any,
+        level: int,
+        msg: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        origin: Optional[Origin] = None,
+    ) -> None:
+        self._emit = functools.partial(emit, adapter, level, msg, args, kwargs, origin)
+        self.out = False
+
+    def __call__(self) -> None:
+        if not self.out:
+            self.out = True
+            self._emit()
+
+
 def _barrier(state: Any) -> bool:
     """Upstream's own synchronisation. False when it failed (the job is already broken)."""
     try:
@@ -54,36 +77,25 @@ def _barrier(state: Any) -> bool:
     return True
 
 
-def take_turns(
-    state: Any,
-    adapter: Any,
-    level: int,
-    msg: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    first_turn: int,
-    origin: Optional[Origin] = None,
-) -> None:
-    """A rank emits in its own turn, and every rank takes the barrier after each turn from `first_turn` on."""
-    rank = state.process_index
-    for turn in range(first_turn, state.num_processes):
-        if turn == rank and rank != 0:
-            emit(adapter, level, msg, args, kwargs, origin)
+def take_turns(state: Any, record: Callable[[], None]) -> None:
+    """Without a store: a rank emits in its own turn, and every rank takes the barrier after each turn."""
+    for turn in range(state.num_processes):
+        if turn == state.process_index:
+            record()
         if not _barrier(state):
-            if turn < rank:  # our turn has not come: emit unordered rather than lose the record
-                emit(adapter, level, msg, args, kwargs, origin)
+            record()  # our turn has not come: emit unordered rather than lose the record
             return
 
 
 class Turns(Protocol):
     """A `go` call's turns after rank 0's (`handoff.Handoff`)."""
 
-    def take_turns(self, emit: Callable[[], None]) -> None: ...
+    def take_turns(self, record: Callable[[], None]) -> None: ...
 
 
 def barrier_call(
     state: Any,
-    check_in: Callable[[], Union[str, Turns]],
+    check_in: Callable[[Callable[[], None]], Union[str, Turns]],
     adapter: Any,
     level: int,
     msg: Any,
@@ -95,18 +107,18 @@ def barrier_call(
 
     Args:
         state: accelerate's `PartialState`.
-        check_in (`Callable[[], str | Turns]`): checks this call in; the go's `Turns`, `"skip"` or `"plain"`
-            (`side.BarrierSide`).
+        check_in (`Callable[[Record], str | Turns]`): checks this call in, and may take this rank's turn
+            then (`handoff.turn_on_wake`); the go's `Turns`, `"skip"` or `"plain"` (`side.BarrierSide`).
         adapter: the `MultiProcessAdapter` the user called; `level`, `msg`, `args`, `kwargs` as it got them.
         origin (`Origin`, *optional*): this rank's, set on its record as `rank` and `hostname`.
     """
+    record = Record(adapter, level, msg, args, kwargs, origin)
     if state.process_index == 0:
-        emit(adapter, level, msg, args, kwargs, origin)
-    outcome = check_in()
+        record()
+    outcome = check_in(record)
     if not isinstance(outcome, str):
-        outcome.take_turns(lambda: emit(adapter, level, msg, args, kwargs, origin))
+        outcome.take_turns(record)
     elif outcome == "skip":  # some rank will not come: nobody waits for anyone in this call
-        if state.process_index != 0:
-            emit(adapter, level, msg, args, kwargs, origin)
+        record()
     else:
-        take_turns(state, adapter, level, msg, args, kwargs, 0, origin)
+        take_turns(state, record)

@@ -87,7 +87,7 @@ def _worker(calls: int, rounds: int, plain_calls: int) -> None:
         # over the method, taken away again for every other variant): the N barriers alone.
         SESSION.__dict__.pop("check_in", None)
         if variant == "barrier_plain":
-            SESSION.check_in = lambda state, settings, site: "plain"  # type: ignore[method-assign]
+            SESSION.check_in = lambda state, settings, site, record: "plain"  # type: ignore[method-assign]
         if variant in ("upstream", "plain_unpatched"):
             fix.unpatch()
         else:

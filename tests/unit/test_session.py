@@ -89,7 +89,7 @@ def test_no_store_means_plain_barriers_and_gather_falls_back_to_barrier_mode(cap
     assert (
         "gather mode needs a torch.distributed c10d store (torch.distributed has no default" in capsys.readouterr().err
     )
-    assert session.check_in(_rank(1), settings, SITE) == "plain"
+    assert session.check_in(_rank(1), settings, SITE, lambda: None) == "plain"
 
 
 def test_a_forked_process_is_not_a_rank_it_never_checks_in_nor_posts(capsys):
@@ -99,7 +99,7 @@ def test_a_forked_process_is_not_a_rank_it_never_checks_in_nor_posts(capsys):
     rank1.mode(_rank(1), settings)  # opens the store in this process
     rank1._pid = os.getpid() + 1  # as seen from a forked child: the connection is its parent's
     assert rank1.forked()
-    assert rank1.check_in(_rank(1), settings, SITE) == "skip"
+    assert rank1.check_in(_rank(1), settings, SITE, lambda: None) == "skip"
     assert "a forked process logs its in_order records at once" in capsys.readouterr().err
     assert not [key for key in store.data if key.startswith("b/")]  # it checked nothing in
     rank1.close()

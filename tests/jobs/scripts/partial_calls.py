@@ -345,7 +345,7 @@ def main(names):
     if os.environ.get("AIF_NO_CHECKIN") == "1":
         from accelerate_inorder_fix.session import InOrderSession
 
-        InOrderSession.check_in = lambda self, state, settings, site: "plain"
+        InOrderSession.check_in = lambda self, state, settings, site, record: "plain"
     from accelerate.logging import get_logger
 
     state = PartialState(cpu=True)
