@@ -21,9 +21,16 @@ call k of a site, counted by each rank for itself)::
     rank r, call k at site S                    store
     set  w/<r>       "S/k"                      where r is (before it counts itself: see `_missing`)
     add  s/S/n       1          -> a            every arrival ever at S: call k's last sees a == k*N
-    a == k*N:  compare_set s/S/k "" "go"        the verdict; then delete s/S/<k-1> (everyone read it)
-    otherwise: wait s/S/k until T/2, look for a wait-for cycle (`_halfway`), wait until T,
-               then compare_set s/S/k "" "skip ..."; follow whatever the key holds
+    a == k*N:  compare_set s/S/k "" "go"        the verdict; then delete s/S/<k-1> (everyone left it)
+    otherwise: wait at its wake key until T/2, look for a wait-for cycle (`_halfway`), wait until T,
+               then compare_set s/S/k "" "skip ..."; follow whatever s/S/k holds
+
+Only rank 1 waits at the verdict key itself; rank r > 1 waits at rank r-1's handoff key, rank 0 at the
+last rank's (`_wake_key`): a `go` reaches them as the write they wait for next (their turn, or the
+call's end), and a skip is written into every handoff key too. On that write rank r >= 1 takes its
+turn at once (`on_wake`, `handoff`) and then reads the verdict. A TCPStore wakes a key's waiters on
+any `compare_set` of it, there or not; so a waited-for key is `peek`ed only once it is known to be
+there, and a wait that returns is a write (`wait_for`).
 
 **A site that diverged stays unordered.** A `skip` retires its site on every rank that reads it: later
 calls there are logged at once, without the store. A rank that missed call k comes to the site next
@@ -39,7 +46,8 @@ Three shortcuts keep that one wait short:
   another call that is waiting for us (a wait-for cycle: rank 0 at a main-only call, the others at
   the next call), one of the two is given up, the call the others skipped (`_first`).
 
-The store holds per site its counter and its last verdict, and one marker per rank: bounded.
+The store holds per site its counter and its last verdict (a retired site: its last `go`'s too, since
+a skip is no proof that every rank has read the verdict before), and one marker per rank: bounded.
 The deadline is on the monotonic clock; waits name it (`Store.wait(keys, timeout)`), so the
 connection's own timeout is never changed, and the check-in runs on whatever store it is handed.
 """
@@ -182,6 +190,7 @@ class CheckIn:
         self.deadline = 0.0  # of the latest check-in: its turns end by then too (`handoff`)
         self.woken = False  # the latest check-in's wait ended on a write to this rank's wake key (`_wake_key`)
         self.on_wake: Optional[Callable[[Call], None]] = None  # of the latest check-in (`verdict`)
+        self.untidy: Optional[Call] = None  # the latest check-in wrote its go, and has deletions to make
 
     def verdict(self, site: Site, timeout: float, on_wake: Optional[Callable[[Call], None]] = None) -> Verdict:
         """Check this process's next call at `site` in, and return the verdict every rank follows.
@@ -197,7 +206,7 @@ class CheckIn:
         self.calls += 1
         state.before, state.last = state.last, self.calls
         call = Call(state.name, state.count)
-        self.deadline, self.woken, self.on_wake = self.clock() + timeout, False, on_wake
+        self.deadline, self.woken, self.on_wake, self.untidy = self.clock() + timeout, False, on_wake, None
         try:
             verdict = self._check_in(call, self.deadline, timeout)
         except Exception:  # noqa: BLE001 -- the store failed under us: one more try, on a new connection
@@ -229,14 +238,21 @@ class CheckIn:
         self.store.set(MARK + str(self.rank), call.marker)
         arrived = int(self.store.add(call.counter, 1))
         last = call.k * self.world_size
-        if arrived == last:
-            blob = self._decide(call, GO)
-            self._forget_handoff(call)
-            return Verdict.decode(blob)
+        if arrived == last:  # its turn may come next (rank 1's is the chain's first): deletions after it
+            return Verdict.decode(self._decide(call, GO, tidy_later=True))
         if not last - self.world_size < arrived < last:  # a counter someone else wrote to
             return Verdict.decode(self._give_up(call, "damaged", {}))
         self._forget_handoff(call)
         return Verdict.decode(self._await(call, deadline, timeout))
+
+    def tidy_up(self) -> None:
+        """What the writer of the latest `go` deletes after its turn, not before: the verdict of the call
+        before at the site (`_decide`), and its own handoff key of two calls back (`_forget_handoff`)."""
+        call, self.untidy = self.untidy, None
+        if call is not None:
+            if call.k > 1:
+                self.store.delete_key(Call(call.site, call.k - 1).key)
+            self._forget_handoff(call)
 
     def _forget_handoff(self, call: Call) -> None:
         """Delete this rank's handoff key of two calls back at the site. The call before this one went (a
@@ -271,16 +287,19 @@ class CheckIn:
         skip = Verdict(False, why, self.rank, missing, other.marker.decode() if other else "")
         return self._decide(call, skip.encode())
 
-    def _decide(self, call: Call, verdict: bytes) -> bytes:
+    def _decide(self, call: Call, verdict: bytes, tidy_later: bool = False) -> bytes:
         """Write `verdict` for `call` unless one is there; the one that stands. The writer of a `go`
-        deletes the verdict of the call before at the site: every rank has left that call, so has read it.
-        A skip proves no such thing (a rank may still be reading it): it stays, with the retired site."""
+        deletes the verdict of the call before at the site (now, or with `tidy_later` in `tidy_up`):
+        every rank has left that call, so has read it. A skip proves no such thing (a rank may still be
+        reading it): it stays, with the retired site."""
         blob = bytes(self.store.compare_set(call.key, "", verdict))
         if blob != verdict:
             return blob
         if verdict != GO:  # wake the ranks that wait at a handoff key instead
             for q in range(1, self.world_size):
                 self.store.set(call.handoff(q), SKIPPED)
+        elif tidy_later:
+            self.untidy = call
         elif call.k > 1:
             self.store.delete_key(Call(call.site, call.k - 1).key)
         return blob

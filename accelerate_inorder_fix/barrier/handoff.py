@@ -4,18 +4,23 @@ A `go` says every rank is in the call, and that rank 0's record is out (rank 0 e
 in). So the turns need no barrier: rank r waits for rank r-1's handoff and nobody else's. One key per
 rank 1..N-1 and call, `b/h/<site>/<k>/<r>` (`checkin.Call.handoff`)::
 
-    rank 0        its record went out before the check-in; wait h/<N-1>
-    rank r > 0    r > 1: wait h/<r-1>; emit; set h/<r> "ok"; delete its h/<r> of call k-1
-    rank 0<r<N-1  wait h/<N-1>: the call returns once every rank's record is out
+    rank 0        its record went out before the check-in; its check-in waits at h/<N-1>: the call's end
+    rank 1        its check-in waits at the verdict key; on the write: emit; set h/1 "ok"; read the verdict
+    rank r > 1    its check-in waits at h/<r-1>; on the write: emit; set h/<r> "ok"; read the verdict
+    rank 0<r<N-1  then wait h/<N-1>: the call returns once every rank's record is out
 
-The check-in is folded in: rank r > 1 waits for the verdict at h/<r-1>, rank 0 at h/<N-1>
-(`CheckIn._wake_key`), so for them a `go` and their turn (or the call's end) come as one key; a skip is
-written into every handoff key as well. Only rank 1 reads the verdict key.
+**The turn comes with the wake** (`turn_on_wake`, the check-in's `on_wake`). The write that ends a rank's
+check-in wait at its wake key (`CheckIn._wake_key`) is the verdict (rank 1), rank r-1's handoff, or a
+skip (written into every handoff key of a call given up). In a `go` it is this rank's turn, so the rank
+emits and hands over before it reads the verdict: a handoff costs the next rank no round trip. In a
+skip the records go out at once anyway, so a turn taken early changes nothing: every rank decides by
+the verdict key, never by a handoff's value. Every write to a wake key follows the call's verdict, so
+the verdict is there to read. A rank whose `go` did not come that way (it wrote the `go` itself, or
+read it after a timeout) takes its turn here (`Handoff.take_turns`): it waits for rank r-1's key.
 
-A rank's key of call k-1 is read by then: a `go` at call k says every rank has left call k-1, and
-each rank's waits there ended before it left. So at rest a site holds N-1 handoff keys; a retired
-site keeps those of its last `go` and of its skip, 2(N-1) (a skip is no proof that every rank has
-left the call before: one may still wait there for a rank that died).
+**The store stays bounded.** A rank deletes its handoff key of call k-2 when it checks in at call k
+(`CheckIn._forget_handoff`): call k-1 went (a skip retires the site), so every rank has left call k-2.
+At rest a site holds 2(N-1) handoff keys, and a retired site those of its last `go` and of its skip.
 
 **A rank that does not hand over** (it died, or its handlers hang) costs the call's one timeout, once.
 Every wait of a call, check-in and turns, ends at the check-in's deadline, T after it began; a rank
@@ -29,8 +34,9 @@ waiting for the last one, when that was the last). So a call waits T at most, 1.
 1.5 T when it also came late. The named rank is *absent* for the check-in (`CheckIn.named`): until it
 checks in again, the next call gives up at once instead of waiting for it again.
 
-**Junk in a handoff key** is said once and the turn goes on: whether the rank before has emitted cannot
-be known, so that call's order may not hold; no record is lost or repeated, no wait grows.
+**Junk in a handoff key** wakes its waiter, which takes its turn: that call's order may not hold (a
+rank that waited for its turn after its check-in says so once); no record is lost or repeated, no
+wait grows. Junk there before any verdict gives the call up ("damaged").
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ class Handoff:
                         self._receive(self.rank - 1)
                     record()
                     self.side.store.set(self.call.handoff(self.rank), HANDED)
+            self.side.tidy_up()
             if self.rank < self.last and not (self.rank == 0 and self.woken):
                 self._receive(self.last)
         except Exception as exc:  # noqa: BLE001 -- the store failed under us: the record goes out all the same

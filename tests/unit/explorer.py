@@ -648,7 +648,7 @@ def _records(sim: Sim) -> list[str]:
 # -- mutations: the protocol broken on purpose; each must be caught by some invariant ------------------
 
 
-def _set_not_compare_set(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
+def _set_not_compare_set(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, tidy_later: bool = False) -> bytes:
     self.store.set(call.key, verdict)  # the last writer wins: ranks that read before it may disagree
     return verdict
 
@@ -667,7 +667,7 @@ def _tie_to_the_highest(
     return ours if (len(here), -max(here)) <= (len(there), -max(there)) else other
 
 
-def _delete_own_verdict(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
+def _delete_own_verdict(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, tidy_later: bool = False) -> bytes:
     blob = bytes(self.store.compare_set(call.key, "", verdict))
     self.store.delete_key(call.key)  # too early: a late rank re-creates the call and waits a whole timeout
     return blob
@@ -695,7 +695,7 @@ def _name_the_one_before(self: handoff.Handoff, m: int) -> int:
     return m  # whoever was waited for (even if it handed over just now), not the first rank whose handoff is missing
 
 
-def _no_skip_wake(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
+def _no_skip_wake(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, tidy_later: bool = False) -> bytes:
     blob = bytes(self.store.compare_set(call.key, "", verdict))  # the skip is not written to the handoff keys
     if blob == verdict and call.k > 1:
         self.store.delete_key(checkin.Call(call.site, call.k - 1).key)
