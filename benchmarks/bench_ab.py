@@ -1,0 +1,147 @@
+"""Benchmark: barrier mode of two revisions of this package, paired in the same processes of one job.
+
+A protocol change moves a call's time by less than this 2-core machine's run-to-run noise, so two
+`bench` runs cannot tell two revisions apart. Here one real job (torchrun, CPU gloo, accelerate as
+installed) imports both: the working tree as `accelerate_inorder_fix`, and the revision `--base` (a
+`git archive` of it) as a copy renamed `aif_base`. Round by round, with the starting variant rotated,
+each rank makes `--calls` in_order calls with upstream unpatched, with the base patched, and with the
+working tree patched (barrier mode; one patched at a time). Each variant logs from its own line, so
+the two revisions never share a store key. Figures: the median over `--rounds` batches of the slowest
+rank's time per call, and the CPU per call of all ranks together (`time.process_time`, summed).
+
+    python benchmarks/bench_ab.py --base 04a3182 --ranks 8 --rounds 11
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TAG = "@@AB "
+VARIANTS = ("upstream", "base", "head")
+
+
+def _copy_of(base: str, into: str) -> None:
+    """The package at revision `base`, as the package `aif_base` under `into`."""
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", base, "accelerate_inorder_fix"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    os.rename(os.path.join(into, "accelerate_inorder_fix"), os.path.join(into, "aif_base"))
+
+
+def _worker(calls: int, rounds: int) -> None:
+    import logging
+
+    import aif_base as base  # type: ignore[import-not-found]
+    import torch
+    import torch.distributed as dist
+    from accelerate import PartialState
+    from accelerate.logging import get_logger
+
+    import accelerate_inorder_fix as head
+
+    state = PartialState(cpu=True)
+    sink = open(os.devnull, "w")
+    logger = logging.getLogger("aif.ab")
+    logger.addHandler(logging.StreamHandler(sink))
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    log = get_logger("aif.ab")
+
+    def upstream(n: int) -> None:
+        for i in range(n):
+            log.info("step %d", i, in_order=True)
+
+    def base_calls(n: int) -> None:
+        for i in range(n):
+            log.info("step %d", i, in_order=True)
+
+    def head_calls(n: int) -> None:
+        for i in range(n):
+            log.info("step %d", i, in_order=True)
+
+    loops = {"upstream": upstream, "base": base_calls, "head": head_calls}
+
+    def batch(variant: str, n: int) -> tuple[float, float]:
+        base.unpatch()
+        head.unpatch()
+        if variant != "upstream":
+            package = base if variant == "base" else head
+            package.patch()
+            package.configure(mode="barrier")
+        dist.barrier()
+        wall, cpu = time.perf_counter(), time.process_time()
+        loops[variant](n)
+        spent = torch.tensor([time.perf_counter() - wall, time.process_time() - cpu], dtype=torch.float64)
+        slowest, total = spent.clone(), spent.clone()
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        dist.all_reduce(total)
+        return float(slowest[0]) / n, float(total[1]) / n
+
+    wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for warmup in (True, False):
+        for round_ in range(1 if warmup else rounds):
+            shift = round_ % len(VARIANTS)
+            for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                w, c = batch(variant, 2 if warmup else calls)
+                if not warmup:
+                    wall[variant].append(w)
+                    cpu[variant].append(c)
+    if state.is_main_process:
+        result = {
+            "ranks": state.num_processes,
+            "wall_ms": {v: statistics.median(x) * 1e3 for v, x in wall.items()},
+            "cpu_ms": {v: statistics.median(x) * 1e3 for v, x in cpu.items()},
+        }
+        print(TAG + json.dumps(result), flush=True)
+    base.unpatch()
+    head.unpatch()
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", help="the revision to compare the working tree with (required)")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args.calls, args.rounds)
+        return 0
+    if not args.base:
+        parser.error("--base is required")
+    with tempfile.TemporaryDirectory() as copy:
+        _copy_of(args.base, copy)
+        env = dict(os.environ, ACCELERATE_INORDER_FIX="0", OMP_NUM_THREADS="1")
+        env["PYTHONPATH"] = os.pathsep.join([ROOT, copy, *filter(None, [env.get("PYTHONPATH")])])
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks), __file__]
+        cmd += ["--worker", "--calls", str(args.calls), "--rounds", str(args.rounds)]
+        job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    lines = [line for line in job.stdout.splitlines() if line.startswith(TAG)]
+    if job.returncode != 0 or not lines:
+        sys.stderr.write(job.stderr[-3000:])
+        return 1
+    r = json.loads(lines[0][len(TAG) :])
+    w, c = r["wall_ms"], r["cpu_ms"]
+    print(f"{r['ranks']} ranks, base {args.base}, {args.rounds} rounds of {args.calls} calls; median, slowest rank")
+    print("| variant | ms per call | CPU ms per call, all ranks | upstream / variant |")
+    print("|---|---:|---:|---:|")
+    for v in VARIANTS:
+        print(f"| {v} | {w[v]:.2f} | {c[v]:.2f} | {w['upstream'] / w[v]:.1f}x |")
+    print(f"base / head: {w['base'] / w['head']:.3f} (time), {c['base'] / c['head']:.3f} (CPU)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
