@@ -223,3 +223,22 @@ def test_junk_in_a_handoff_key_is_no_hang_no_loss(seed):
     script.divergences = 1
     sim, problems = run(script, seed)
     assert not problems, problems
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_go_call_costs_7n_minus_4_store_operations_and_takes_each_turn_on_the_wake(seed):
+    """Issue 27's protocol, counted: a rank that is not the go's writer emits inside its check-in, the moment
+    its wait ends (before its verdict is read), and a call costs 7N - 4 operations (a little more for the
+    go's writer, a little less for the first two calls, which delete nothing two calls back)."""
+    n, calls = 4, 10
+    sim, problems = run(loop(n, 1, ["A"] * calls, collective=False), seed)
+    assert not problems
+    events = sim.events
+    on_wake = 0
+    for r in range(1, n):
+        for c in range(1, calls + 1):
+            emitted = next(i for i, e in enumerate(events) if e[0] == "emit" and e[2][:2] == (r, c))
+            decided = next(i for i, e in enumerate(events) if e[0] == "verdict" and e[1] == r and e[6] == c)
+            on_wake += emitted < decided
+    assert on_wake >= (n - 2) * calls  # every rank but the go's writer, in every call
+    assert sum(sim.ops.values()) <= (7 * n - 4 + 1) * calls
