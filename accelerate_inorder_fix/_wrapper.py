@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from . import _callsite
 from ._upstream import UpstreamBody
-from .barrier.turns import barrier_call, emit
+from .barrier.turns import Record, barrier_call
 from .config import SETTINGS, Settings
 from .session import SESSION, InOrderSession
 
@@ -66,8 +66,9 @@ def make_log_wrapper(
         # As if this wrapper called `Logger.log`: `emit` and the gather side count their own frames.
         kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
         state = PartialState()
+        record = Record(instance, level, msg, tuple(rest), kwargs, session.origin(state))
         if state.num_processes <= 1:
-            emit(instance, level, msg, tuple(rest), kwargs, session.origin(state))
+            record()
             return None
         # One in_order call at a time per process: each call's N barriers pair up across ranks even
         # when several threads log, and a gather call's record and count stay together.
@@ -76,16 +77,7 @@ def make_log_wrapper(
             if session.mode(state, settings) == "gather":
                 session.gather_call(state, settings, site, instance, level, msg, tuple(rest), kwargs)
             else:
-                barrier_call(
-                    state,
-                    lambda record: session.check_in(state, settings, site, record),
-                    instance,
-                    level,
-                    msg,
-                    tuple(rest),
-                    kwargs,
-                    session.origin(state),
-                )
+                barrier_call(state, lambda record: session.check_in(state, settings, site, record), record)
         return None
 
     return patched_log

@@ -9,7 +9,6 @@ through) the N turns run between upstream's own `wait_for_everyone()` barriers, 
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Optional, Protocol, Union
 
 from .. import _callsite
@@ -17,37 +16,16 @@ from .._diagnostics import warn_once
 from .._origin import Origin, Stamping
 
 
-def emit(
-    adapter: Any,
-    level: int,
-    msg: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    origin: Optional[Origin] = None,
-) -> None:
-    """Emit one record through the rank's own logger, exactly as upstream's working path does.
-
-    `origin`: the record also gets `rank` and `hostname` attributes (its message is upstream's).
-    """
-    if not adapter.isEnabledFor(level):
-        return
-    stamping = None
-    try:
-        msg, kwargs = adapter.process(msg, _callsite.counted_from_here(kwargs))
-        if origin is not None:
-            stamping = Stamping(origin)
-            adapter.logger.addFilter(stamping)
-        adapter.logger.log(level, msg, *args, **kwargs)
-    except Exception as exc:  # a filter or handler that raises must not skip the barrier after it
-        warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
-    finally:
-        if stamping is not None:
-            adapter.logger.removeFilter(stamping)
-
-
 class Record:
-    """This rank's record of one in_order call: out at most once, whichever step gets to it first (its
-    turn in the check-in or after it, a skip, a failure)."""
+    """This rank's record of one in_order call, emitted through its own logger exactly as upstream's working
+    path does: out at most once, whichever step gets to it first (its turn in the check-in or after it,
+    a skip, a failure).
+
+    Args:
+        adapter: the `MultiProcessAdapter` the user called; `level`, `msg`, `args`, `kwargs` as it got them.
+        origin (`Origin`, *optional*): this rank's: the record also gets `rank` and `hostname` attributes
+            (its message is upstream's).
+    """
 
     def __init__(
         self,
@@ -58,13 +36,31 @@ class Record:
         kwargs: dict[str, Any],
         origin: Optional[Origin] = None,
     ) -> None:
-        self._emit = functools.partial(emit, adapter, level, msg, args, kwargs, origin)
+        self.adapter, self.level, self.msg, self.args, self.kwargs = adapter, level, msg, args, kwargs
+        self.origin = origin
         self.out = False
 
     def __call__(self) -> None:
         if not self.out:
             self.out = True
             self._emit()
+
+    def _emit(self) -> None:
+        adapter = self.adapter
+        if not adapter.isEnabledFor(self.level):
+            return
+        stamping = None
+        try:
+            msg, kwargs = adapter.process(self.msg, _callsite.counted_from_here(self.kwargs))
+            if self.origin is not None:
+                stamping = Stamping(self.origin)
+                adapter.logger.addFilter(stamping)
+            adapter.logger.log(self.level, msg, *self.args, **kwargs)
+        except Exception as exc:  # a filter or handler that raises must not skip the barrier after it
+            warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+        finally:
+            if stamping is not None:
+                adapter.logger.removeFilter(stamping)
 
 
 def _barrier(state: Any) -> bool:
@@ -93,26 +89,15 @@ class Turns(Protocol):
     def take_turns(self, record: Callable[[], None]) -> None: ...
 
 
-def barrier_call(
-    state: Any,
-    check_in: Callable[[Callable[[], None]], Union[str, Turns]],
-    adapter: Any,
-    level: int,
-    msg: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    origin: Optional[Origin] = None,
-) -> None:
+def barrier_call(state: Any, check_in: Callable[[Callable[[], None]], Union[str, Turns]], record: Record) -> None:
     """One rank's in_order call in barrier mode: rank 0's turn, the check-in, then the other turns.
 
     Args:
         state: accelerate's `PartialState`.
         check_in (`Callable[[Record], str | Turns]`): checks this call in, and may take this rank's turn
             then (`handoff.turn_on_wake`); the go's `Turns`, `"skip"` or `"plain"` (`side.BarrierSide`).
-        adapter: the `MultiProcessAdapter` the user called; `level`, `msg`, `args`, `kwargs` as it got them.
-        origin (`Origin`, *optional*): this rank's, set on its record as `rank` and `hostname`.
+        record (`Record`): this rank's record of the call.
     """
-    record = Record(adapter, level, msg, args, kwargs, origin)
     if state.process_index == 0:
         record()
     outcome = check_in(record)

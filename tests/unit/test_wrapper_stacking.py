@@ -132,15 +132,15 @@ def _plain_wrapper_above(calls: list[str]) -> Callable[..., Any]:
 
 @pytest.fixture
 def ours_ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each in_order record our wrapper emits (its `emit`, which upstream's body never calls)."""
+    """Each in_order record our wrapper emits (its `Record`, which upstream's body never makes)."""
     seen: list[str] = []
-    real = _wrapper.emit
 
-    def spy(adapter: Any, level: int, msg: Any, args: tuple, kwargs: dict, *origin: Any) -> None:
-        seen.append(str(msg))
-        real(adapter, level, msg, args, kwargs, *origin)
+    class Spy(_wrapper.Record):
+        def __call__(self) -> None:
+            seen.append(str(self.msg))
+            super().__call__()
 
-    monkeypatch.setattr(_wrapper, "emit", spy)
+    monkeypatch.setattr(_wrapper, "Record", Spy)
     return seen
 
 
