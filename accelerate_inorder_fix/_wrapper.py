@@ -63,12 +63,11 @@ def make_log_wrapper(
         level, msg, *rest = args
         kwargs.pop("in_order")
         kwargs.pop("main_process_only", None)
-        # As if this wrapper called `Logger.log`: `emit` and the gather side count their own frames.
+        # As if this wrapper called `Logger.log`: `Record` and the gather side count their own frames.
         kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
         state = PartialState()
-        record = Record(instance, level, msg, tuple(rest), kwargs, session.origin(state))
         if state.num_processes <= 1:
-            record()
+            Record(instance, level, msg, tuple(rest), kwargs, session.origin(state))()
             return None
         # One in_order call at a time per process: each call's N barriers pair up across ranks even
         # when several threads log, and a gather call's record and count stay together.
@@ -77,7 +76,8 @@ def make_log_wrapper(
             if session.mode(state, settings) == "gather":
                 session.gather_call(state, settings, site, instance, level, msg, tuple(rest), kwargs)
             else:
-                barrier_call(state, lambda record: session.check_in(state, settings, site, record), record)
+                record = Record(instance, level, msg, tuple(rest), kwargs, session.origin(state))
+                barrier_call(state, lambda: session.check_in(state, settings, site, record), record)
         return None
 
     return patched_log

@@ -79,7 +79,7 @@ def take_turns(state: Any, record: Callable[[], None]) -> None:
         if turn == state.process_index:
             record()
         if not _barrier(state):
-            record()  # our turn has not come: emit unordered rather than lose the record
+            record()  # unless our turn came already: emit unordered rather than lose the record
             return
 
 
@@ -89,18 +89,18 @@ class Turns(Protocol):
     def take_turns(self, record: Callable[[], None]) -> None: ...
 
 
-def barrier_call(state: Any, check_in: Callable[[Callable[[], None]], Union[str, Turns]], record: Record) -> None:
+def barrier_call(state: Any, check_in: Callable[[], Union[str, Turns]], record: Record) -> None:
     """One rank's in_order call in barrier mode: rank 0's turn, the check-in, then the other turns.
 
     Args:
         state: accelerate's `PartialState`.
-        check_in (`Callable[[Record], str | Turns]`): checks this call in, and may take this rank's turn
-            then (`handoff.turn_on_wake`); the go's `Turns`, `"skip"` or `"plain"` (`side.BarrierSide`).
+        check_in (`Callable[[], str | Turns]`): checks this call in, and may take this rank's turn with
+            `record` then (`handoff.turn_on_wake`); the go's `Turns`, `"skip"` or `"plain"` (`side.BarrierSide`).
         record (`Record`): this rank's record of the call.
     """
     if state.process_index == 0:
         record()
-    outcome = check_in(record)
+    outcome = check_in()
     if not isinstance(outcome, str):
         outcome.take_turns(record)
     elif outcome == "skip":  # some rank will not come: nobody waits for anyone in this call

@@ -426,7 +426,7 @@ class Rank:
                     msg = (self.rank, self.calls, action[1])
                     site = SITES[action[1]]
                     record = turns.Record(self, 20, msg, (), {})
-                    turns.barrier_call(self, lambda record: self.check_in(self, None, site, record), record)
+                    turns.barrier_call(self, lambda: self.check_in(self, None, site, record), record)
                 elif action[0] == "delay":
                     self.sim.block(Request(self.rank, "delay", until=self.sim.now + action[1]))
                 else:
