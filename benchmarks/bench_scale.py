@@ -61,12 +61,15 @@ import threading
 import time
 import timeit
 from multiprocessing.connection import Connection
-from typing import IO, Any, Callable, Optional
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Union
 
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import copies, queues, records
 from accelerate_inorder_fix.store import connection
 
+
+if TYPE_CHECKING:  # torch's typed c10d classes; imported where used, so that `--help` needs no torch
+    from torch._C._distributed_c10d import Store
 
 SITE = ("bench_scale.py", "train_step", 42)
 WARMUP = 1  # rounds run before the measured ones at each size (first loggers, first full copies)
@@ -105,18 +108,17 @@ class Schedule:
 # ---------------------------------------------------------------------------------------------
 
 
-def _connect(port: int, prefix: Optional[str] = None) -> Any:
-    import torch.distributed as dist
+def _connect(port: int, prefix: Optional[str] = None) -> Store:
+    from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-    timeout = datetime.timedelta(seconds=120)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)  # type: ignore[attr-defined]
-    return dist.PrefixStore(prefix, store) if prefix else store  # type: ignore[attr-defined]
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=120))
+    return PrefixStore(prefix, store) if prefix else store
 
 
 def _serve(conn: Connection) -> None:
-    import torch.distributed as dist
+    from torch._C._distributed_c10d import TCPStore
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     conn.send(server.port)
     conn.recv()  # until told to stop
 
@@ -200,10 +202,9 @@ def _poster(conn: Connection, port: int, threads: int) -> None:
         command = conn.recv()
         kind = command[0]
         if kind == "setup":  # (setup, tag, prefix, outbox type, ranks)
-            import torch.distributed as dist
+            from torch._C._distributed_c10d import PrefixStore as prefixed
 
             _, tag, prefix, outbox_type, ranks = command
-            prefixed = dist.PrefixStore  # type: ignore[attr-defined]
             runs[tag] = [
                 [
                     (r, outbox_type(prefixed(prefix, c), r, cleanup_store=prefixed(prefix, d)))
@@ -241,21 +242,21 @@ def _poster(conn: Connection, port: int, threads: int) -> None:
             return
 
 
-def _burst(connection: Any, cleanup_connection: Any, number: int, tag: str) -> dict[str, float]:
+def _burst(posts_connection: Store, cleanup_connection: Store, number: int, tag: str) -> dict[str, float]:
     """Rank 1 posting `number` records back to back, its clean-up deleting each: us per post.
 
     As when a rank logs several in_order records in a row and the main process keeps up (its read marks
     say every record was read). Deleting costs a round trip per record: on the posts' own connection
     each delete holds up the next post, on another connection it runs beside them.
     """
-    import torch.distributed as dist
+    from torch._C._distributed_c10d import PrefixStore
 
     prefix = f"burst-{tag}/{connection.PREFIX}"
-    store = dist.PrefixStore(prefix, connection)  # type: ignore[attr-defined]
+    store = PrefixStore(prefix, posts_connection)
     marks = queues.StoreInbox(store, 2)
     marks.cursor[1] = 2**62
     marks.publish()  # the main process's read marks: it has read all of rank 1's records
-    cleanup_store = dist.PrefixStore(prefix, cleanup_connection)  # type: ignore[attr-defined]
+    cleanup_store = PrefixStore(prefix, cleanup_connection)
     outbox = queues.Outbox(store, 1, cleanup_store=cleanup_store)
     timings: list[float] = []
     for count in range(1, number + 1):
@@ -370,6 +371,19 @@ def _handlers() -> tuple[IO[str], EmittedCount]:
     return sink, counter
 
 
+def _copied_entry(reader: copies.CopyReader, line: copies.CopyLine) -> Union[logging.LogRecord, copies.DeferredRecord]:
+    """Rank 2's entry for call 2 from its delta copy `line`; a copy that cannot give it fails the benchmark.
+
+    Args:
+        reader (`copies.CopyReader`): the main process's reader, rank 2's full copy already read.
+        line (`copies.CopyLine`): one parsed line of the shared slot.
+    """
+    decoded = reader.decode(2, line, (SITE, 2))
+    if decoded is None or decoded[1] is None:
+        raise RuntimeError("a delta copy did not give its record: the speed check measured nothing")
+    return decoded[1]
+
+
 def per_record(number: int = 2000) -> dict[str, float]:
     """Microseconds one record costs the main process outside the store: decoding it, emitting it.
 
@@ -386,7 +400,7 @@ def per_record(number: int = 2000) -> dict[str, float]:
 
     def from_copies(slot: bytes) -> None:
         for line in copies.parse_slot(slot, 3):
-            copies.build(reader.decode(2, line, (SITE, 2))[1])  # type: ignore[index,arg-type]
+            copies.build(_copied_entry(reader, line))
 
     slot = delta * number
 
@@ -394,7 +408,7 @@ def per_record(number: int = 2000) -> dict[str, float]:
         return copies.parse_slot(slot, 3)
 
     def decode(lines: list[copies.CopyLine]) -> list[Any]:
-        return [reader.decode(2, line, (SITE, 2))[1] for line in lines]  # type: ignore[index]
+        return [_copied_entry(reader, line) for line in lines]
 
     def best(function: Callable[[Any], Any], make_input: Callable[[], Any]) -> float:
         """Best of 5 runs of `function` over `number` records, each on a fresh input (decoding changes its lines)."""

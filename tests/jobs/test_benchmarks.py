@@ -1,10 +1,13 @@
-"""Promise: the benchmark scripts in `benchmarks/` that launch real jobs still run and report every variant.
+"""Promise: the benchmark scripts in `benchmarks/` that launch real jobs or build a wheel still run and report.
 
-Figures come from benchmarks, never from tests: this only shows that `bench_cpu.py` runs end to end
-on 2 real ranks (torchrun, CPU gloo) and measured each variant, under a hard timeout.
+Figures come from benchmarks, never from tests: this only shows that `bench_cpu.py` and `bench_ab.py`
+run end to end on 2 real ranks (torchrun, CPU gloo) and measured each variant, and that
+`bench_startup.py` builds its venv and times both sides, each under a hard timeout. The scripts that
+launch no ranks are smoke-tested in tests/unit/test_benchmark_scripts.py.
 """
 
 import re
+import sys
 
 from conftest import LATEST, REPO, accelerate_dir
 
@@ -27,3 +30,32 @@ def test_bench_cpu_reports_the_cpu_of_every_variant_from_a_real_job():
     }
     assert set(rows) == {"upstream", "barrier", "gather"}, job.lines
     assert all(int(wall) > 0 and int(total) > 0 for wall, *_, total in rows.values()), rows
+
+
+def _run_script(script, *args):
+    """`python benchmarks/<script> args`, as a user runs it, its whole tree killed at the deadline."""
+    env = _launch.scenario_env(False, None, [accelerate_dir(LATEST), str(REPO)])
+    cmd = [sys.executable, str(REPO / "benchmarks" / script), *args]
+    job = _launch.run(cmd, env=env, timeout=TIME_BOUND + 60, cwd=str(REPO))
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
+    assert job.elapsed < TIME_BOUND, job
+    return job
+
+
+def test_bench_ab_pairs_the_working_tree_with_a_revision_in_one_job():
+    job = _run_script("bench_ab.py", "--base", "HEAD", "--ranks", "2", "--calls", "2", "--rounds", "1")
+    rows = [m.group(1) for m in map(re.compile(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \| [\d.]+x \|$").match, job.lines) if m]
+    assert rows == ["upstream", "base", "head"], job.lines
+    assert job.lines[0].startswith("2 ranks, base HEAD, 1 rounds of 2 calls"), job.lines
+    assert job.lines[-1].startswith("base / head: "), job.lines
+
+
+def test_bench_startup_builds_its_venv_and_times_both_sides():
+    job = _run_script("bench_startup.py", "--pairs", "2", "--markdown")
+    rows = [line for line in job.lines if line.startswith("| ") and not line.startswith("| case")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| python -c pass, wall",
+        "| python -c pass, CPU",
+        "| site.main() in the child, wall",
+    ], job.lines
+    assert job.lines[-1] == "modules of the package imported at start-up: []", job.lines

@@ -1,0 +1,100 @@
+"""Promise: every benchmark script that launches no ranks runs end to end at its smallest sizes.
+
+A smoke test each (seconds, never figures: those come from the benchmarks themselves): the script as a
+user runs it, in a process of its own under `launch.run` (its whole tree killed at the deadline),
+exit code 0 and the shape of what it prints. The scripts that launch ranks or build a wheel are
+smoke-tested in tests/jobs/test_benchmarks.py.
+"""
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import LATEST, REPO, accelerate_dir
+
+from accelerate_inorder_fix.cli import launch as _launch
+
+
+BENCHMARKS = REPO / "benchmarks"
+DEADLINE = 180.0  # seconds: a generous hard bound on a loaded 2-core machine, never a figure
+ROW = re.compile(r"^\|( [^|]+ \|)+$")  # one Markdown table row
+
+
+def _run(script, *args, timeout=DEADLINE):
+    """`python benchmarks/<script> args` from the repository root, against the latest accelerate."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([accelerate_dir(LATEST), str(REPO)])
+    job = _launch.run([sys.executable, str(BENCHMARKS / script), *args], env=env, timeout=timeout, cwd=str(REPO))
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
+    return job
+
+
+def _table(lines, header):
+    """The Markdown table whose header row starts with `header`: its data rows, split into cells."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    assert re.match(r"^\|(-*:?-+:?\|)+$", lines[start + 1]), lines[start : start + 2]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not ROW.match(line):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_every_benchmark_script_has_a_smoke_test():
+    here = Path(__file__).read_text() + (REPO / "tests" / "jobs" / "test_benchmarks.py").read_text()
+    scripts = sorted(path.name for path in BENCHMARKS.glob("*.py") if path.name != "__init__.py")
+    assert "bench_scale.py" in scripts
+    assert [name for name in scripts if f'"{name}"' not in here] == []
+
+
+def test_bench_scale_runs_both_arrivals_and_the_burst_at_three_ranks(tmp_path):
+    out = tmp_path / "scale.json"
+    small = ["--ranks", "3", "--calls", "1", "--rounds", "1", "--procs", "1", "--threads", "1"]
+    job = _run("bench_scale.py", *small, "--json", str(out))
+    for arrival in ("preposted", "concurrent"):
+        at = job.lines.index(f"arrival: {arrival}")
+        rows = _table(job.lines[at:], "| ranks |")
+        assert [row[0] for row in rows] == ["3"], rows
+        assert rows[0][8] == "6 / 6", rows  # 3 ranks x 1 call x (1 warm-up + 1 measured round)
+    assert any(line.startswith("Rank 1 posting 2,000 records back to back") for line in job.lines), job.lines
+    results = json.loads(out.read_text())
+    assert {(r["arrival"], r["protocol"]) for r in results["results"]} == {
+        (a, p) for a in ("preposted", "concurrent") for p in ("new", "old")
+    }
+    assert all(r["records_emitted"] == r["records_expected"] == 6 for r in results["results"]), results
+    assert set(results["rank_burst"]) == {"posts", "own"}, results["rank_burst"]
+    again = _run("bench_scale.py", "--from-json", str(out))  # the tables of an earlier run, no measuring
+    assert again.lines.count("arrival: preposted") == 1, again.lines
+
+
+def test_bench_records_prints_a_row_per_record_kind(tmp_path):
+    out = tmp_path / "records.json"
+    job = _run("bench_records.py", "--records", "100", "--rounds", "1", "--json", str(out))
+    results = json.loads(out.read_text())["results"]
+    rows = [line for line in job.lines if ROW.match(line) and not line.startswith("|--")]
+    assert len(rows) == 1 + len(results) >= 2, job.lines  # the header, then one row per kind
+
+
+def test_bench_call_cpu_prints_both_figures_of_the_package_it_measured():
+    job = _run("bench_call_cpu.py")
+    figures = json.loads(job.lines[-1])
+    assert figures["plain_us"] > 0 and figures["in_order_1proc_us"] > 0, figures
+    assert Path(figures["package"]) == REPO / "accelerate_inorder_fix", figures
+
+
+def test_bench_lint_tables_a_codebase(tmp_path):
+    (tmp_path / "train.py").write_text("if state.is_main_process:\n    dist.barrier()\n")
+    job = _run("bench_lint.py", f"tiny={tmp_path}", "--markdown")
+    rows = _table(job.lines, "| codebase |")
+    assert [row[:2] for row in rows] == [["tiny", "1"]], rows
+
+
+def test_plot_modes_draws_the_recorded_modes(tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "modes.png"
+    _run("plot_modes.py", str(BENCHMARKS / "RESULTS-modes.json"), str(target))
+    assert target.read_bytes().startswith(b"\x89PNG"), target
