@@ -1,10 +1,10 @@
 """`accelerate-inorder-fix check`: show the bug and the fix on this machine, with real CPU ranks.
 
 Every scenario of `scenarios.py` runs twice under torchrun (gloo): unpatched, one job per scenario so a
-deadlock in one cannot hide what the others do, and patched, all scenarios in one job. The jobs run
-side by side (starting ranks costs CPU; a deadlocked job only waits for its stall watchdog), each in
-a child process that either imports the package or does not: this process, which has imported it,
-never runs a scenario itself.
+deadlock in one cannot hide what the others do, and patched, all scenarios in one job. As many jobs run
+at once as the machine's cores allow (`--jobs`; one on a 2-core machine), each in a child process
+that either imports the package or does not: this process, which has imported it, never runs a
+scenario itself.
 
 Every process a job starts carries `CHECK_MARKER_ENV` in its environment, so an interrupted check can
 find and kill them all, whichever launcher started them and in whatever session.
@@ -28,9 +28,9 @@ from . import scenarios
 from .launch import Job
 
 
-# Jobs run side by side: starting ranks is CPU work, while a deadlocked job only waits for its
-# watchdog, so overlapping them is what keeps `check` near a minute. Each process (rank or launcher)
-# holds torch in memory, so memory, not CPU, bounds how many run at once.
+# Starting ranks is CPU work: by default a job's ranks get a core each (`default_jobs`). Each process
+# (rank or launcher) also holds torch in memory, so free memory bounds how many run at once, whatever
+# `--jobs` asks for.
 MAX_PROCESSES_AT_ONCE = 40
 MEMORY_PER_PROCESS = 300 * 2**20
 # A job that never prints (it hangs before its first record) is only caught by this deadline.
@@ -156,14 +156,42 @@ def _available_memory() -> Optional[int]:
     return None
 
 
-def jobs_at_once(nproc: int, jobs: int) -> int:
-    """How many jobs of `nproc` ranks (plus a launcher each) may run side by side."""
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system says, else all of them)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def default_jobs(nproc: int, cores: int) -> int:
+    """Jobs at once when the user does not say (`--jobs`): a core per rank, and never fewer than one job.
+
+    Args:
+        nproc (`int`): ranks per job.
+        cores (`int`): the cores this process may use (`usable_cores`).
+    """
+    return max(1, cores // nproc)
+
+
+def memory_allows(nproc: int) -> int:
+    """How many jobs of `nproc` ranks (plus a launcher each) fit in this machine's free memory (at least 1)."""
     processes = MAX_PROCESSES_AT_ONCE
     memory = _available_memory()
     if memory is not None:
         # Leave a third of what is free to everything else on the machine.
         processes = min(processes, int(memory * 2 / 3) // MEMORY_PER_PROCESS)
-    return max(1, min(jobs, processes // (nproc + 1)))
+    return max(1, processes // (nproc + 1))
+
+
+def jobs_at_once(nproc: int, jobs: int, wanted: int) -> int:
+    """How many of `jobs` jobs of `nproc` ranks run at once: `wanted`, as far as free memory allows.
+
+    Args:
+        nproc (`int`): ranks per job.
+        jobs (`int`): the jobs to run; never more at once.
+        wanted (`int`): the user's `--jobs`, or `default_jobs`.
+    """
+    return max(1, min(jobs, wanted, memory_allows(nproc)))
 
 
 def _child_pythonpath() -> list[str]:
@@ -214,8 +242,10 @@ class Check:
         names: Optional[list[str]] = None,
         say: Optional[Callable[[str], None]] = None,
         on_start: Optional[Callable[[], None]] = None,
+        jobs: Optional[int] = None,
     ) -> None:
         self.nproc = nproc
+        self.wanted = default_jobs(nproc, usable_cores()) if jobs is None else jobs
         self.mode = mode
         self.stall = stall
         self.on_start = on_start or (lambda: None)
@@ -223,7 +253,7 @@ class Check:
         self.say = say or (lambda text: None)
         self.check_id = uuid.uuid4().hex
         self.cancelled = threading.Event()
-        self.workers = 1  # jobs at a time: set by `run`
+        self.workers = jobs_at_once(nproc, len(self.names) + 1, self.wanted)  # jobs at a time
 
     def _launch(self, names: list[str], patched: bool) -> Optional[Job]:
         env = _job_env(self.check_id)
@@ -256,10 +286,11 @@ class Check:
         return None if job is None else judge_all(self.names, self.nproc, job), job
 
     def run(self) -> dict[str, tuple[Outcome, Outcome]]:
-        workers = self.workers = jobs_at_once(self.nproc, len(self.names) + 1)
-        if workers < len(self.names) + 1:
-            self.say(f"  ({workers} job(s) at a time, to stay within this machine's free memory)")
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aif-check")
+        if self.workers < min(self.wanted, len(self.names) + 1):
+            self.say(
+                f"  ({self.workers} job(s) at a time, not {self.wanted}, to stay within this machine's free memory)"
+            )
+        pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="aif-check")
         start = time.monotonic()
         try:
             # The patched job first: it is the longest, and it decides the exit code.
@@ -306,10 +337,19 @@ class Check:
 
 
 def progress(pending: int, workers: int, processes: int, elapsed: float) -> str:
-    """The progress line: jobs running (at most `workers` at a time) and jobs waiting for their turn."""
+    """The progress line: jobs running (at most `workers` at a time) and jobs waiting for their turn.
+
+    Args:
+        pending (`int`): jobs not finished yet.
+        workers (`int`): jobs at a time.
+        processes (`int`): the check's processes alive now.
+        elapsed (`float`): seconds since the check started.
+    """
     running = min(pending, workers)
     waiting = f", {pending - running} waiting" if pending > running else ""
-    return f"  ... {running} job(s) running{waiting} ({processes} processes), {elapsed:.0f} s so far"
+    return (
+        f"  ... {running} job(s) running ({workers} at a time){waiting}, {processes} processes, {elapsed:.0f} s so far"
+    )
 
 
 def table(results: dict[str, tuple[Outcome, Outcome]], mode: Optional[str] = None) -> list[str]:

@@ -49,6 +49,17 @@ def _nproc(text: str) -> int:
     return value
 
 
+def _jobs(text: str) -> int:
+    """`--jobs`: a whole number of jobs at once, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of jobs, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -87,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
         "every scenario is ordered with the fix.",
     )
     check.add_argument("--nproc", type=_nproc, default=4, metavar="N", help="ranks per job (default: 4)")
+    check.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=None,
+        metavar="N",
+        help="jobs run at once (default: what the cores allow, a core per rank: "
+        "cores // nproc, at least 1; 1 on a 2-core machine)",
+    )
     check.add_argument(
         "--mode",
         choices=_config.MODES,
@@ -161,15 +180,17 @@ def cmd_check(args: argparse.Namespace) -> int:
             _say(f"check: {name} is not installed for {sys.executable}; nothing to check.")
             return EXIT_FAIL
     names = args.scenario or list(scenarios.CHECK_SCENARIOS)
-    _say(
-        f"check: {len(names) + 1} jobs of {args.nproc} CPU ranks (torchrun, gloo), run side by side: "
-        f"{len(names)} unpatched (they do not depend on the mode) and 1 patched, in {mode} mode; "
-        f"a job silent for {args.timeout:g} s counts as deadlocked and is stopped"
-    )
     # Importing accelerate here costs seconds of CPU: do it while the ranks start, not before.
     header: list[tuple[str, bool]] = []
     describe = threading.Thread(target=lambda: header.append(_describe_setup(args.nproc, mode)), daemon=True)
-    check = _check.Check(args.nproc, mode=mode, stall=args.timeout, names=names, say=_say, on_start=describe.start)
+    check = _check.Check(
+        args.nproc, mode=mode, stall=args.timeout, names=names, say=_say, on_start=describe.start, jobs=args.jobs
+    )
+    _say(
+        f"check: {len(names) + 1} jobs of {args.nproc} CPU ranks (torchrun, gloo), {check.workers} at a time: "
+        f"{len(names)} unpatched (they do not depend on the mode) and 1 patched, in {mode} mode; "
+        f"a job silent for {args.timeout:g} s counts as deadlocked and is stopped"
+    )
     start = time.monotonic()
     _interrupt_on_sigterm()
     try:

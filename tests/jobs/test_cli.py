@@ -195,6 +195,7 @@ def test_check_fails_where_the_guard_stands_aside(altered_accelerate):
         (["check", "--nproc", "two"], "--nproc: must be a whole number"),
         (["check", "--mode", "scatter"], "--mode: invalid choice: 'scatter'"),
         (["check", "--timeout", "-3"], "--timeout: must be a positive number of seconds"),
+        (["check", "--jobs", "0"], "--jobs: must be at least 1, not 0"),
         (["check", "--scenario", "nope"], "--scenario: invalid choice: 'nope'"),
         (["launch"], "invalid choice: 'launch'"),
         (["status", "--verbose"], "unrecognized arguments: --verbose"),
@@ -241,6 +242,22 @@ def test_check_on_1_15_rank_dependent_levels_fail_unpatched():
     assert rows == {"default": ("ordered", "ordered"), "rank_levels": ("deadlock (all ranks stuck)", "ordered")}
     assert "unpatched rank_levels: deadlock" in result.stdout  # -v explains it
     assert "Without the fix, 1 of 2 scenarios go wrong" in result.stdout
+
+
+def test_check_jobs_1_runs_its_jobs_one_after_the_other():
+    result = check_cli("--jobs", "1", "--scenario", "default", version="1.15.0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert table_rows(result.stdout) == {"default": ("ordered", "ordered")}
+    assert "check: 2 jobs of 2 CPU ranks (torchrun, gloo), 1 at a time: " in result.stderr, result.stderr
+    finished = [
+        (float(m.group(1)), int(m.group(2)))
+        for m in map(re.compile(r"^  (?:un)?patched .*\[([\d.]+) s, at (\d+) s\]$").match, result.stderr.splitlines())
+        if m
+    ]
+    assert len(finished) == 2, result.stderr
+    (first, _), (second, second_at) = finished
+    # One at a time: the second job ended after both had run their whole time (1 s for the rounding).
+    assert second_at >= first + second - 1, finished
 
 
 def test_check_gather_mode_passes_the_mode_through():

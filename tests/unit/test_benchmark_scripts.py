@@ -26,7 +26,7 @@ ROW = re.compile(r"^\|( [^|]+ \|)+$")  # one Markdown table row
 def _run(script, *args, timeout=DEADLINE):
     """`python benchmarks/<script> args` from the repository root, against the latest accelerate."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([accelerate_dir(LATEST), str(REPO)])
+    env["PYTHONPATH"] = os.pathsep.join([accelerate_dir(LATEST), str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     job = _launch.run([sys.executable, str(BENCHMARKS / script), *args], env=env, timeout=timeout, cwd=str(REPO))
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
     return job

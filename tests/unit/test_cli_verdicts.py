@@ -80,8 +80,48 @@ def test_table_lines_up_its_columns_and_says_the_unpatched_one_is_the_same_in_an
 
 
 def test_progress_counts_the_jobs_running_and_those_waiting_their_turn_apart():
-    assert _check.progress(9, 8, 40, 15.2).startswith("  ... 8 job(s) running, 1 waiting (40 processes), 15 s")
-    assert _check.progress(3, 8, 12, 30.0) == "  ... 3 job(s) running (12 processes), 30 s so far"
+    assert _check.progress(9, 8, 40, 15.2).startswith(
+        "  ... 8 job(s) running (8 at a time), 1 waiting, 40 processes, 15 s"
+    )
+    assert _check.progress(3, 8, 12, 30.0) == "  ... 3 job(s) running (8 at a time), 12 processes, 30 s so far"
+    assert _check.progress(9, 1, 5, 2.0) == "  ... 1 job(s) running (1 at a time), 8 waiting, 5 processes, 2 s so far"
+
+
+@pytest.mark.parametrize(("nproc", "cores", "jobs"), [(4, 2, 1), (2, 2, 1), (4, 1, 1), (4, 8, 2), (2, 64, 32)])
+def test_check_runs_a_core_per_rank_by_default_and_at_least_one_job(nproc, cores, jobs):
+    assert _check.default_jobs(nproc, cores) == jobs
+
+
+def test_jobs_at_once_is_what_was_asked_within_the_jobs_there_are_and_free_memory(monkeypatch):
+    monkeypatch.setattr(_check, "_available_memory", lambda: 64 * 2**30)
+    assert _check.jobs_at_once(4, 9, 1) == 1
+    assert _check.jobs_at_once(4, 9, 3) == 3
+    assert _check.jobs_at_once(4, 2, 8) == 2  # never more than there are jobs
+    assert _check.jobs_at_once(4, 9, 100) == _check.MAX_PROCESSES_AT_ONCE // 5
+    monkeypatch.setattr(_check, "_available_memory", lambda: 3 * _check.MEMORY_PER_PROCESS)  # 2 processes
+    assert _check.jobs_at_once(4, 9, 3) == 1
+
+
+def test_check_takes_its_jobs_at_once_from_the_cores_unless_told(monkeypatch):
+    monkeypatch.setattr(_check, "_available_memory", lambda: 64 * 2**30)
+    monkeypatch.setattr(_check, "usable_cores", lambda: 2)
+    assert _check.Check(4).workers == 1
+    assert _check.Check(2, names=["default"]).workers == 1
+    assert _check.Check(4, jobs=3).workers == 3
+    monkeypatch.setattr(_check, "usable_cores", lambda: 16)
+    assert _check.Check(4).workers == 4
+    assert _check.Check(4, names=["default"]).workers == 2  # one unpatched job and the patched one
+
+
+@pytest.mark.parametrize(
+    ("value", "words"), [("0", "must be at least 1, not 0"), ("two", "must be a whole number of jobs")]
+)
+def test_a_bad_jobs_value_is_refused_with_the_checks_usage(capsys, value, words):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["check", "--jobs", value])
+    assert exit_.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("usage: accelerate-inorder-fix check ") and f"--jobs: {words}" in err, err
 
 
 def _partial(stderr="", lines=(), seconds=3.02):
