@@ -114,7 +114,8 @@ def setting_facts() -> dict[str, Any]:
 MODE_MEANS = {
     "barrier": (
         "each in_order call checks in through the job's c10d store (torchrun, accelerate launch, any env:// "
-        "job), then runs upstream's barriers only when every rank has made it: a call some ranks skip costs "
+        "job); when every rank has made it, the ranks hand their turns over through that store (no barrier), "
+        "and a call some ranks skip costs "
         "at most one timeout and is named; without a c10d store (no default process group, XLA) plain "
         "barriers run, as upstream"
     ),

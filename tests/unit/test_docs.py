@@ -88,3 +88,80 @@ def test_pre_commit_hook_fails_on_a_finding_without_site_packages(tmp_path):
     clean = subprocess.run([*command, str(good)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert found.returncode == 1 and "bad.py:2:5: AIF001" in found.stdout, found
     assert clean.returncode == 0 and clean.stdout == "", clean
+
+
+# A `go` hands the turns over through the store and calls no barrier: only without a store do the turns
+# run between `wait_for_everyone()` barriers. A sentence that names the check-in (or a `go`), a barrier
+# and a verb that runs it, with no "no store" context, says otherwise.
+BARRIER_WORDS = re.compile(
+    r"wait_for_everyone|upstream'?s (?:own )?barriers|\bthe (?:N )?barriers run\b|\bruns? (?:the )?(?:N )?barriers\b"
+)
+CHECK_IN_WORDS = re.compile(
+    r"\bgo\b|check-in|\bcheck(?:s|ed)? (?:the call |each call |every call )?in\b|after every rank has", re.IGNORECASE
+)
+RUN_WORDS = re.compile(r"\b(?:calls|runs?|synchroni[sz]es|then)\b")  # verbs: not the noun "call"
+NO_STORE = re.compile(
+    r"without (?:a|the|any) (?:c10d )?store|\bno (?:c10d )?store\b|no default process group|`\"?plain\"?`",
+    re.IGNORECASE,
+)
+
+
+def says_a_go_runs_barriers(sentence):
+    """Whether `sentence` says a checked-in call (a `go`) runs/calls/synchronises with upstream's barriers."""
+    return bool(
+        BARRIER_WORDS.search(sentence)
+        and CHECK_IN_WORDS.search(sentence)
+        and RUN_WORDS.search(sentence)
+        and not NO_STORE.search(sentence)
+    )
+
+
+def _sentences(text):
+    """Sentences and clauses (split at `.`, `;` and `:` before a space), paragraph by paragraph, on one line each."""
+    for paragraph in re.split(r"\n\s*\n", text):
+        yield from re.split(r"(?<=[.;:])\s+", " ".join(paragraph.split()))
+
+
+@pytest.mark.parametrize(
+    ("sentence", "says"),
+    [
+        (
+            "6. Barrier mode synchronises with upstream's own `PartialState().wait_for_everyone()`, after every "
+            "rank has checked the call in through the job's store.",
+            True,
+        ),
+        (
+            "**Barrier mode** (the default) checks each call in through the store, then calls `wait_for_everyone()`",
+            True,
+        ),
+        ("barrier mode checks in through the c10d store and then calls accelerate's own `wait_for_everyone()`;", True),
+        ("each in_order call checks in through the job's c10d store, then runs upstream's barriers only when", True),
+        ('Without a store (`"plain"`), the N turns run between upstream\'s `wait_for_everyone()` barriers, as', False),
+        (
+            "this package, once every rank has checked in, passes the turns point to point through the job's "
+            "store, and runs the N barriers only where there is no store.",
+            False,
+        ),
+        (
+            "The explorer's `wait_for_everyone()` is a modelled collective, so a `go` call's turns that entered "
+            "one would show.",
+            False,
+        ),
+        (
+            "on `go` the other ranks take their turns point to point through the store: no barrier, no collective.",
+            False,
+        ),
+    ],
+)
+def test_the_go_barrier_detector_tells_the_two_apart(sentence, says):
+    assert says_a_go_runs_barriers(sentence) is says
+
+
+def test_no_page_says_a_go_calls_wait_for_everyone():
+    """README, every docs/*.md page and `status`'s text: a `go` calls no barrier (only a job without a store does)."""
+    from accelerate_inorder_fix.cli import status
+
+    texts = {page.name: page.read_text() for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
+    texts["status"] = "\n\n".join(status.MODE_MEANS.values())
+    wrong = [(name, s) for name, text in texts.items() for s in _sentences(text) if says_a_go_runs_barriers(s)]
+    assert wrong == []
