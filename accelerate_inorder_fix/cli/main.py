@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelerate-inorder-fix",
         description="Check that accelerate's `logger.info(msg, in_order=True)` works on this machine.",
-        epilog="Start with `check`: it shows the bug without the fix and the fix at work, in about a minute.",
+        epilog="Start with `check`: it shows the bug without the fix and the fix at work, in a few minutes.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
