@@ -2,9 +2,11 @@
 
 torch 2.13 logs two lines (C++, WARNING) whenever a blocking store call reaches its timeout; the
 package cannot turn them off without lowering the user's own diagnostics, so the doc explains them.
-These tests pin each claim it makes: none in a normal run, two on rank 0 for a gather-mode call only
-the main process makes, the user's opt-out (`TORCH_CPP_LOG_LEVEL=ERROR` before torch loads), and the
-route the doc names (a wait woken at its deadline ends without them). Every job has a hard timeout.
+These tests pin each claim it makes: none in a normal run; for a call only the main process makes, at
+4 ranks, two on rank 0 in gather mode, and in barrier mode four on rank 0 (its check-in waits in two
+halves) when the other ranks make no in_order call, two on every rank when they wait at the next one;
+the user's opt-out (`TORCH_CPP_LOG_LEVEL=ERROR` before torch loads), and the route the doc names (a
+wait woken at its deadline ends without them). Every job has a hard timeout.
 """
 
 import os
@@ -81,3 +83,53 @@ def test_a_gather_call_only_the_main_process_makes_gives_two_lines_on_rank_0():
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
     lines = [line for line in job.stderr.splitlines() if C10D in line]
     assert len(lines) == 2 and all(line.startswith("[rank0]:") for line in lines), job.stderr
+
+
+def _c10d_lines_by_rank(job):
+    """{rank: number of `[c10d] waitForInput` lines} in a job's stderr (each line starts `[rank<r>]:`)."""
+    counts = {}
+    for line in job.stderr.splitlines():
+        if C10D in line:
+            rank = int(line[len("[rank") : line.index("]")])
+            counts[rank] = counts.get(rank, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize(("mode", "lines"), [("gather", {0: 2}), ("barrier", {0: 4})])
+def test_a_main_only_call_the_others_never_make_gives_lines_on_rank_0_only(mode, lines):
+    """`check`'s `partial`: rank 0 alone makes the call, the others go on to a collective.
+
+    Gather mode: the main process's one wait for the records times out (two lines). Barrier mode: rank
+    0's check-in waits T/2, looks where the others are (nowhere in an in_order call), waits T/2 more:
+    two store waits time out, four lines.
+    """
+    base = {k: v for k, v in os.environ.items() if k != "TORCH_CPP_LOG_LEVEL"}
+    base["ACCELERATE_INORDER_TIMEOUT"] = "2"
+    job = _launch.run_scenarios(
+        ["partial"],
+        4,
+        True,
+        mode=mode,
+        pythonpath=[accelerate_dir("1.15.0"), str(REPO)],
+        base_env=base,
+        timeout=150,
+        stall=40,
+    )
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
+    assert "accelerate-inorder-fix: in_order call at " in job.stderr + "\n".join(job.lines)  # the call was given up
+    assert _c10d_lines_by_rank(job) == lines, job.stderr
+
+
+def test_a_barrier_call_only_the_main_process_makes_while_the_others_wait_gives_two_lines_per_waiting_rank():
+    """`main_only_hidden`: the others wait at the next in_order call. Each rank whose first half-timeout
+    wait runs out before the wait-for cycle is found gives two lines (all four when they arrive together,
+    as here; a rank that arrives later is answered before its half-timeout and gives none)."""
+    job = _job(
+        [str(SCRIPTS / "partial_calls.py"), "main_only_hidden"],
+        ACCELERATE_INORDER_MODE="barrier",
+        ACCELERATE_INORDER_TIMEOUT="2",
+    )
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
+    assert "had not made it and were waiting at another in_order call" in job.stderr, job.stderr
+    counts = _c10d_lines_by_rank(job)
+    assert counts and set(counts) <= {0, 1, 2, 3} and set(counts.values()) <= {2, 4}, job.stderr  # whole waits
