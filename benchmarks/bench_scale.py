@@ -608,7 +608,12 @@ def table(results: list[dict[str, Any]], arrival: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python benchmarks/bench_scale.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/bench_scale.py",
+        description=__doc__.split("\n\n")[0],
+        epilog="The recorded run (benchmarks/RESULTS-scale.md): --ranks 8,64,256,1024 --json FILE, every other "
+        "option at its default.",
+    )
     parser.add_argument("--ranks", default="8,64,256,1024", help="world sizes, comma-separated")
     parser.add_argument("--arrival", default="preposted,concurrent", help="preposted, concurrent or both (default)")
     parser.add_argument("--calls", type=int, default=8, help="in_order calls per round (default 8)")
