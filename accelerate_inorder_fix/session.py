@@ -79,6 +79,8 @@ class InOrderSession:
         self._child = False  # a forked child of this process's rank: not a rank itself
         self._closed = False  # `close` ran (at exit): in_order calls log at once
         self._inherited: tuple[Any, ...] = ()  # a child's copy of its parent's store objects: kept, never used
+        self._started: Optional[tuple[str, int]] = None  # this process's setting when the process group started
+        self._unconfirmed = False  # agreed on the main process's word from the start; its first call's not read yet
         _reset_in_forked_children(self)
 
     # -- which mode -------------------------------------------------------------------------
@@ -89,13 +91,18 @@ class InOrderSession:
         Called with `lock` held (the wrapper holds it for the whole call).
         """
         own = settings.mode()
-        if self._child or self._closed:  # not a rank (any more): nothing to agree on
+        if self._child:  # not a rank: nothing to agree on (`gather_call` and `check_in` log at once)
             return own
+        if self._closed:  # at exit: nothing to agree through (`check_in` logs at once)
+            return "barrier"
         agreement = self._agreement
         if agreement is None:
             self._deadline = time.monotonic() + settings.timeout()
             agreement = self._agreement = (own, settings.mode_generation, self._agree(state, settings, own))
         setting, generation, agreed = agreement
+        if self._unconfirmed:
+            agreed = self._confirm(state, agreed)
+            agreement = self._agreement = (setting, generation, agreed)
         if own != setting or settings.mode_generation != generation:  # a switch: taken where the main takes it
             self._deadline = self._deadline or time.monotonic() + settings.timeout()
             agreed = self._switch(state, settings, own, agreed)
@@ -120,8 +127,16 @@ class InOrderSession:
         try:
             if state.is_main_process:
                 mode.publish_mode(store, own)
+                self._changed_since_start(state, settings, own)
                 return own
-            main = mode.read_mode(store, self._wait_left())
+            main = mode.read_mode(store, 0.0)  # the main process's first call came first: no wait
+            if main is None and self._started == (own, settings.mode_generation):
+                # Nothing changed here since the start: take the main process's word from then (written
+                # right after its own start, before its first call: a wait of milliseconds at most).
+                main = mode.read_mode(store, self._wait_left(), mode.STARTED)
+                self._unconfirmed = main is not None
+            if main is None:
+                main = mode.read_mode(store, self._wait_left())
         except Exception as exc:  # the store failed: nothing to agree through
             _warn(f"rank {rank}: could not read the main process's in_order mode ({exc!r}); using {own} mode")
             return own
@@ -137,6 +152,48 @@ class InOrderSession:
                 f"main process's; using the main process's mode, {main}"
             )
         return main
+
+    def watch_start(self) -> None:
+        """Note the mode as soon as the job's process group is up (`process_group_started`)."""
+        mode.on_start(self.process_group_started)
+
+    def process_group_started(self) -> None:
+        """The job's process group is up: note this process's setting; the main process writes it to the store.
+
+        A rank whose setting has not changed since then takes that word at its first in_order call, without
+        waiting for the main process to make one (a call the main process skips costs a post nothing).
+        """
+        with self.lock:
+            if self._agreement is not None or self._child or self._started is not None:
+                return
+            self._started = (SETTINGS.mode(), SETTINGS.mode_generation)
+            mode.publish_started(self._started[0])
+
+    def _changed_since_start(self, state: Any, settings: Settings, own: str) -> None:
+        """Main process, first call: its setting changed since the word it wrote at the start. A rank that did not
+        change its own may have taken that word (`_confirm` corrects it): if it was gather, keep a collector for
+        what such a rank posted meanwhile (emitted at exit at the latest)."""
+        if self._started is not None and self._started[0] == "gather" != own:
+            self._gather_side(state, settings)
+
+    def _confirm(self, state: Any, agreed: str) -> str:
+        """A rank that agreed on the main process's word from the start: once the main process's first call's word
+        is there (one read per call until then), follow it if it differs, and say so once."""
+        try:
+            main = mode.read_mode(self._store, 0.0)
+        except Exception:  # noqa: BLE001 -- the store failed: the word from the start stands
+            main = agreed
+        if main is None:
+            return agreed
+        self._unconfirmed = False
+        if main != agreed and main in ("barrier", "gather"):
+            _warn(
+                f"rank {state.process_index}: the main process changed its in_order mode from {agreed} to {main} "
+                "alone, after the job's process group started; following it from this call (a mode change must be "
+                "made on every rank)"
+            )
+            return main
+        return agreed
 
     def _switch(self, state: Any, settings: Settings, own: str, current: str) -> str:
         """This process's setting changed since its last call: the mode from this call on.

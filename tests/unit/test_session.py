@@ -219,3 +219,26 @@ def test_a_child_forked_while_a_thread_holds_the_lock_or_before_any_call_is_not_
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0  # f0a0bfc: SIGALRM (blocked on the lock), or checked in
     assert not session.forked()
+
+
+def test_the_word_written_when_the_process_group_started_spares_the_first_post_its_wait(capsys):
+    """The main process skips (or is late to) its first call: a rank whose setting has not changed since the
+    process group started takes the word the main process wrote then, without waiting; if the main process
+    then changed its mode alone, the rank follows it from its next call, and says so."""
+    store = FakeStore()
+    main, rank1 = _sessions(store)
+    settings = [_settings("gather", timeout=2.0), _settings("gather", timeout=2.0)]
+    store.set(
+        session_module.mode.switch_key(session_module.mode.STARTED), b"gather"
+    )  # what `mode.publish_started` writes on the main process
+    rank1._started = ("gather", settings[1].mode_generation)
+    start = time.monotonic()
+    assert rank1.mode(_rank(1), settings[1]) == "gather"
+    assert time.monotonic() - start < 0.5  # f0a0bfc: the whole timeout, waiting for the main process's first call
+    settings[0].configure(mode="barrier")  # the main process alone, before its first call
+    main._started = ("gather", 0)
+    assert main.mode(_rank(0), settings[0]) == "barrier"
+    assert rank1.mode(_rank(1), settings[1]) == "barrier"
+    assert "the main process changed its in_order mode from gather to barrier alone" in capsys.readouterr().err
+    for session in (main, rank1):
+        session.close()
