@@ -190,9 +190,6 @@ def first_post(r):
             start = time.monotonic()
             r.log.info(f"first_post#{step} r{r.index}", in_order=True)
             r.result("first_post", f"step{step}", round(time.monotonic() - start, 3))
-            from accelerate_inorder_fix.session import SESSION
-
-            r.result("first_post", "debug", [SESSION._started, SESSION._unconfirmed, time.monotonic()])
         r.all_reduce_sum()
 
 
