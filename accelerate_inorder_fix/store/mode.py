@@ -11,12 +11,13 @@ from __future__ import annotations
 import datetime
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional
 
 import wrapt
 
 from .._diagnostics import warn_once
-from .connection import SHORTEST_WAIT, Store, peek
+from .connection import SHORTEST_WAIT, Store
 
 
 MODE_KEY = "mode"
@@ -43,17 +44,20 @@ def publish_mode(store: Store, mode: str, switch: int = 0) -> None:
 def read_mode(store: Store, seconds: float, switch: int = 0) -> Optional[str]:
     """The main process's mode word, waiting up to `seconds`; None when it did not come in time.
 
-    A wait shorter than `SHORTEST_WAIT` is none: the word is read if it is there, never waited for
-    (c10d reads a wait under 1 ms as no timeout at all).
+    Ranks wait on these keys, so they are never `peek`ed (a `compare_set` wakes a key's waiters, and the
+    woken rank would read a word that is not there): `check` wakes nobody. A wait shorter than
+    `SHORTEST_WAIT` is none (c10d reads a wait under 1 ms as no timeout at all).
     """
     key = switch_key(switch)
-    if seconds < SHORTEST_WAIT:
-        blob = peek(store, key)  # nobody waits on a mode key: waking its waiters costs nothing
-        return None if blob is None else blob.decode()
-    try:
-        store.wait([key], datetime.timedelta(seconds=seconds))
-    except RuntimeError:  # DistStoreError on timeout
-        return None
+    deadline = time.monotonic() + seconds
+    while not store.check([key]):
+        left = deadline - time.monotonic()
+        if left < SHORTEST_WAIT:
+            return None
+        try:
+            store.wait([key], datetime.timedelta(seconds=left))
+        except RuntimeError:  # DistStoreError on timeout
+            return None
     return bytes(store.get(key)).decode()
 
 
