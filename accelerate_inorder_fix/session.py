@@ -91,8 +91,8 @@ class InOrderSession:
         Called with `lock` held (the wrapper holds it for the whole call).
         """
         own = settings.mode()
-        if self._child:  # not a rank: nothing to agree on (`gather_call` and `check_in` log at once)
-            return own
+        if self._child:  # not a rank: its parent's mode, if agreed (`gather_call` and `check_in` log at once)
+            return own if self._agreement is None else self._agreement[2]
         if self._closed:  # at exit: nothing to agree through (`check_in` logs at once)
             return "barrier"
         agreement = self._agreement
