@@ -7,6 +7,7 @@ may report the same problem at once; the lock keeps it one line.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Hashable
@@ -38,6 +39,10 @@ class Diagnostics:
             return False
         return True
 
+    def after_fork_in_child(self) -> None:
+        """A lock of the child's own: a parent's thread may have held this one when it forked."""
+        self._lock = threading.Lock()
+
     def reset(self) -> None:
         """Forget what was said (tests: each starts with a process that has said nothing)."""
         with self._lock:
@@ -45,6 +50,7 @@ class Diagnostics:
 
 
 DIAGNOSTICS = Diagnostics()
+os.register_at_fork(after_in_child=DIAGNOSTICS.after_fork_in_child)
 
 
 def warn_once(key: Hashable, text: str) -> bool:

@@ -35,6 +35,8 @@ def make_log_wrapper(
     """
     from accelerate.state import PartialState
 
+    session.watch_start()
+
     @_callsite.mark_wrapper
     def patched_log(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         in_order = kwargs.get("in_order")

@@ -240,8 +240,9 @@ def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> No
     Args:
         mode (`str`, *optional*): `"barrier"` or `"gather"` (any case). Call it with the same value on
             every rank, before the same in_order call: every rank then switches there, whatever mode
-            it used before. At the first in_order call, ranks that disagree take the main process's
-            mode and say so.
+            it used before (a rank waits there for the main process's switch, at most the timeout).
+            At the first in_order call, ranks that disagree take the main process's mode and say so;
+            later, a switch made on a rank alone is refused there, with one line.
         timeout (`float`, *optional*): the bound of every in_order wait: the main process's wait for a
             rank's record in gather mode, a rank's wait for the others at a barrier-mode check-in; a
             finite number greater than 0.

@@ -2,12 +2,15 @@
 
 Mode agreement. Ranks that disagree on the mode cannot work together (barriers on some ranks, store
 posts on others). So at its first in_order call every rank takes the main process's mode, through the
-job's c10d store: the main process writes its word, every other rank reads it, waiting at most
-`ACCELERATE_INORDER_TIMEOUT` seconds (a barrier-mode rank would wait that long for the main process at
-its first barrier anyway). A rank whose own setting differs says so in one line. A later
-`configure(mode=...)`, or a change of `ACCELERATE_INORDER_MODE`, is taken as a deliberate switch made
-on every rank, and followed, whatever the rank's setting was at its first call: every rank switches
-at the same call, so no call runs in two modes.
+job's c10d store: the main process writes its word, every other rank reads it. A rank whose own setting
+differs says so in one line. A later `configure(mode=...)`, or a change of `ACCELERATE_INORDER_MODE`, is
+a switch: the main process takes it at once and writes its word again (`mode.switch_key`); another rank
+takes it at its next call once the main process's word for that switch says the same, so every rank
+switches at the same call. A rank that switched alone (the main process did not switch within the
+timeout) keeps the job's mode and says so once: no record is sent where nobody collects it.
+
+Waits. An agreement (or switch) wait and the check-in after it share one deadline, T after the call
+began: a call some rank skips costs T in all, even the first one.
 
 Each mode has its side, opened at its first call on the same store connection: `barrier.BarrierSide`
 (the check-in) and `gather.GatherSide` (posts or collection). A call's identity, its site and how many
@@ -18,7 +21,10 @@ barriers, or its capture and post, never interleave with another thread's.
 
 Jobs with no c10d store (a backend torch.distributed does not run) skip the agreement and the
 check-in (plain barriers, as upstream), and a gather setting falls back to barrier mode with one
-warning. A forked process (a DataLoader worker) is not a rank: it logs its in_order records itself.
+warning. A forked process (a DataLoader worker) is not a rank, whenever it was forked: it logs its
+in_order records itself, at once, with a lock and state of its own (`os.register_at_fork`). After the
+session closed at exit, in_order calls are logged at once too: plain barriers there could wait for a
+rank that has gone (or is busy in its own exit handlers) until the process group's timeout.
 `SESSION` is the process's one session.
 """
 
@@ -28,6 +34,8 @@ import atexit
 import collections
 import os
 import threading
+import time
+import weakref
 from typing import Any, Callable, Optional, Union
 
 from ._callsite import Site
@@ -35,8 +43,8 @@ from ._diagnostics import warn_once
 from ._origin import Origin
 from .barrier.handoff import Handoff
 from .barrier.side import BarrierSide
-from .config import SETTINGS, Settings, spans_hosts
-from .gather.side import GatherSide
+from .config import MODE_ENV, SETTINGS, Settings, spans_hosts
+from .gather.side import GatherSide, print_in_child
 from .store import connection, mode, teardown
 from .store.connection import Store
 
@@ -59,39 +67,57 @@ class InOrderSession:
         self._open_store = open_store
         # (this process's setting then, its configure() generation then, the mode in use)
         self._agreement: Optional[tuple[str, int, str]] = None
+        self._switches = 0  # mode switches since the agreement: the main process's word for each (`mode`)
+        self._deadline: Optional[float] = None  # this call's, when its agreement waited: the check-in's too
         self._store: Optional[Store] = None
         self._store_reason: Optional[str] = "no in_order call yet"
-        self._store_timeout = 30.0  # the timeout the store was opened with
-        self._pid: Optional[int] = None  # the process that opened the store connection
         self._counts: collections.Counter[Site] = collections.Counter()
         self._barrier: Optional[BarrierSide] = None
         self._gather: Optional[GatherSide] = None
         self._gather_tried = False  # a gather side is opened once; without a store, never
         self._origin: Optional[Origin] = None  # this process's rank and host (`origin`)
+        self._child = False  # a forked child of this process's rank: not a rank itself
+        self._closed = False  # `close` ran (at exit): in_order calls log at once
+        self._inherited: tuple[Any, ...] = ()  # a child's copy of its parent's store objects: kept, never used
+        self._started: Optional[tuple[str, int]] = None  # this process's setting when the process group started
+        self._unconfirmed = False  # agreed on the main process's word from the start; its first call's not read yet
+        _reset_in_forked_children(self)
 
     # -- which mode -------------------------------------------------------------------------
 
     def mode(self, state: Any, settings: Settings) -> str:
-        """'barrier' or 'gather': the mode of this in_order call, the same on every rank."""
+        """'barrier' or 'gather': the mode of this in_order call, the same on every rank.
+
+        Called with `lock` held (the wrapper holds it for the whole call).
+        """
         own = settings.mode()
+        if self._child:  # not a rank: its parent's mode, if agreed (`gather_call` and `check_in` log at once)
+            return own if self._agreement is None else self._agreement[2]
+        if self._closed:  # at exit: nothing to agree through (`check_in` logs at once)
+            return "barrier"
         agreement = self._agreement
         if agreement is None:
-            with self.lock:
-                if self._agreement is None:
-                    self._agreement = (own, settings.mode_generation, self._agree(state, settings, own))
-                agreement = self._agreement
+            self._deadline = time.monotonic() + settings.timeout()
+            agreement = self._agreement = (own, settings.mode_generation, self._agree(state, settings, own))
         setting, generation, agreed = agreement
-        if own != setting or settings.mode_generation != generation:  # a switch, made on every rank
-            agreed = own
+        if self._unconfirmed:
+            agreed = self._confirm(state, agreed)
+            agreement = self._agreement = (setting, generation, agreed)
+        if own != setting or settings.mode_generation != generation:  # a switch: taken where the main takes it
+            self._deadline = self._deadline or time.monotonic() + settings.timeout()
+            agreed = self._switch(state, settings, own, agreed)
+            self._agreement = (own, settings.mode_generation, agreed)
         if agreed == "gather" and self._gather_side(state, settings) is None:
             return "barrier"
         return agreed
 
+    def _wait_left(self) -> float:
+        """Seconds left to this call's deadline (0 when it has passed)."""
+        return max(0.0, (self._deadline or 0.0) - time.monotonic())
+
     def _agree(self, state: Any, settings: Settings, own: str) -> str:
         """One bounded round trip through the job's store: the main process's mode, on every rank."""
-        self._store_timeout = settings.timeout()
-        store, self._store_reason = self._open_store(self._store_timeout)
-        self._pid = os.getpid()
+        store, self._store_reason = self._open_store(settings.timeout())
         if store is None:
             return own
         self._store = store
@@ -101,8 +127,16 @@ class InOrderSession:
         try:
             if state.is_main_process:
                 mode.publish_mode(store, own)
+                self._changed_since_start(state, settings, own)
                 return own
-            main = mode.read_mode(store, settings.timeout())
+            main = mode.read_mode(store, 0.0)  # the main process's first call came first: no wait
+            if main is None and self._started == (own, settings.mode_generation):
+                # Nothing changed here since the start: take the main process's word from then (written
+                # right after its own start, before its first call: a wait of milliseconds at most).
+                main = mode.read_mode(store, self._wait_left(), mode.STARTED)
+                self._unconfirmed = main is not None
+            if main is None:
+                main = mode.read_mode(store, self._wait_left())
         except Exception as exc:  # the store failed: nothing to agree through
             _warn(f"rank {rank}: could not read the main process's in_order mode ({exc!r}); using {own} mode")
             return own
@@ -119,6 +153,78 @@ class InOrderSession:
             )
         return main
 
+    def watch_start(self) -> None:
+        """Note the mode as soon as the job's process group is up (`process_group_started`)."""
+        mode.on_start(self.process_group_started)
+
+    def process_group_started(self) -> None:
+        """The job's process group is up: note this process's setting; the main process writes it to the store.
+
+        A rank whose setting has not changed since then takes that word at its first in_order call, without
+        waiting for the main process to make one (a call the main process skips costs a post nothing).
+        """
+        with self.lock:
+            if self._agreement is not None or self._child or self._started is not None:
+                return
+            self._started = (SETTINGS.mode(), SETTINGS.mode_generation)
+            mode.publish_started(self._started[0])
+
+    def _changed_since_start(self, state: Any, settings: Settings, own: str) -> None:
+        """Main process, first call: its setting changed since the word it wrote at the start. A rank that did not
+        change its own may have taken that word (`_confirm` corrects it): if it was gather, keep a collector for
+        what such a rank posted meanwhile (emitted at exit at the latest)."""
+        if self._started is not None and self._started[0] == "gather" != own:
+            self._gather_side(state, settings)
+
+    def _confirm(self, state: Any, agreed: str) -> str:
+        """A rank that agreed on the main process's word from the start: once the main process's first call's word
+        is there (one read per call until then), follow it if it differs, and say so once."""
+        try:
+            main = mode.read_mode(self._store, 0.0)
+        except Exception:  # noqa: BLE001 -- the store failed: the word from the start stands
+            main = agreed
+        if main is None:
+            return agreed
+        self._unconfirmed = False
+        if main != agreed and main in ("barrier", "gather"):
+            _warn(
+                f"rank {state.process_index}: the main process changed its in_order mode from {agreed} to {main} "
+                "alone, after the job's process group started; following it from this call (a mode change must be "
+                "made on every rank)"
+            )
+            return main
+        return agreed
+
+    def _switch(self, state: Any, settings: Settings, own: str, current: str) -> str:
+        """This process's setting changed since its last call: the mode from this call on.
+
+        The main process switches at once and writes its word for the switch. Another rank waits for
+        that word (until this call's deadline) and takes the main process's mode; without it (the
+        switch was made on this rank alone) it keeps `current`, says so once, and does not count it:
+        a later switch made on every rank pairs with the main process's word again.
+        """
+        self._switches += 1
+        store, rank = self._store, state.process_index
+        if store is None:  # no agreement was possible: every rank follows its own setting
+            return own
+        try:
+            if state.is_main_process:
+                mode.publish_mode(store, own, self._switches)
+                return own
+            main = mode.read_mode(store, self._wait_left(), self._switches)
+        except Exception as exc:  # the store failed: the switch cannot be agreed on
+            main = None
+            _warn(f"rank {rank}: could not read the main process's in_order mode ({exc!r})")
+        if main in ("barrier", "gather"):
+            return main
+        self._switches -= 1  # not made on the main process: its next switch is still this number
+        _warn(
+            f"rank {rank}: configure(mode={own!r}) (or {MODE_ENV}) was not made on the main process within "
+            f"{settings.timeout():g} s (ACCELERATE_INORDER_TIMEOUT); this rank keeps the job's in_order mode, "
+            f"{current}. A mode switch must be made on every rank, before the same in_order call."
+        )
+        return current
+
     # -- what both modes share --------------------------------------------------------------
 
     def count(self, site: Site) -> int:
@@ -127,12 +233,27 @@ class InOrderSession:
         return int(self._counts[site])
 
     def forked(self) -> bool:
-        """True in a forked child of the process that opened the store connection: it is not a rank."""
-        return self._pid is not None and self._pid != os.getpid()
+        """True in a forked child of a rank (forked before its first in_order call or after): it is not a rank."""
+        return self._child
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: a lock of its own (a parent's thread may have held the parent's), no store.
+
+        The parent's store objects are kept, never used nor closed: their sockets are the parent's.
+        """
+        self.lock = threading.RLock()
+        self._child = True
+        self._inherited = (self._store, self._barrier, self._gather, self._inherited)
+        self._store = self._barrier = self._gather = None
+        self._gather_tried = True
 
     def _reconnect(self) -> Store:
-        """A fresh store connection for the check-in, after its own failed (`CheckIn.reconnect`)."""
-        store, reason = self._open_store(self._store_timeout)
+        """A fresh store connection for the check-in, after its own failed (`CheckIn.reconnect`).
+
+        Opened as the first one was, with the timeout in effect now: its own timeout is that plus 5 s,
+        never the process group's (`connection.open_store`).
+        """
+        store, reason = self._open_store(SETTINGS.timeout())
         if store is None:
             raise RuntimeError(reason)
         return store
@@ -151,17 +272,23 @@ class InOrderSession:
 
         A `Handoff`: every rank checked in, the turns pass through the store (`barrier.handoff`);
         `"skip"`: some rank did not, nobody waits; `"plain"`: no store to check in through (plain
-        barriers, as upstream). A forked process is not a rank: `"skip"`, with one line.
+        barriers, as upstream). A forked process is not a rank: `"skip"`, with one line; nor is a
+        process whose session closed (at exit). When this call's mode agreement waited, the check-in
+        ends by the same deadline.
         """
         with self.lock:
-            if self.forked():
+            deadline, self._deadline = self._deadline, None
+            if self._child:
                 _warn("a forked process logs its in_order records at once, without barriers (it is not a rank)")
+                return "skip"
+            if self._closed:
+                _warn("in_order calls after this process's exit began are logged at once, without barriers")
                 return "skip"
             if self._store is None:
                 return "plain"
             if self._barrier is None:
                 self._barrier = BarrierSide(self._store, state.process_index, state.num_processes, self._reconnect)
-            return self._barrier.check_in(site, settings.timeout(), record)
+            return self._barrier.check_in(site, settings.timeout(), record, deadline=deadline)
 
     # -- gather mode ------------------------------------------------------------------------
 
@@ -197,10 +324,14 @@ class InOrderSession:
     ) -> None:
         """One rank's in_order call in gather mode. `site` is the user's call site, the same on every rank."""
         with self.lock:
+            self._deadline = None
+            if self._child:  # a forked child: the store connection is its parent's
+                print_in_child(adapter, level, msg, args, kwargs, self.origin(state))
+                return
             side = self._gather_side(state, settings)
             if side is not None:  # `mode` said gather only with a side
                 identity = (site, self.count(site))
-                side.call(adapter, level, msg, args, kwargs, identity, settings.timeout(), forked=self.forked())
+                side.call(adapter, level, msg, args, kwargs, identity, settings.timeout())
 
     # -- the end of the job -----------------------------------------------------------------
 
@@ -226,9 +357,22 @@ class InOrderSession:
         """
         self.release()
         with self.lock:
+            self._closed = True
             if self._gather is not None:
                 self._gather.close()
             self._store = self._barrier = None
+
+
+def _reset_in_forked_children(session: InOrderSession) -> None:
+    """Make `session` a forked child's own in every child forked from now on (`after_fork_in_child`)."""
+    ref = weakref.ref(session)
+
+    def in_child() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.after_fork_in_child()
+
+    os.register_at_fork(after_in_child=in_child)
 
 
 SESSION = InOrderSession()

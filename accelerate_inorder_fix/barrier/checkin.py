@@ -192,12 +192,20 @@ class CheckIn:
         self.on_wake: Optional[Callable[[Call], None]] = None  # of the latest check-in (`verdict`)
         self.untidy: Optional[Call] = None  # the latest check-in wrote its go, and has deletions to make
 
-    def verdict(self, site: Site, timeout: float, on_wake: Optional[Callable[[Call], None]] = None) -> Verdict:
+    def verdict(
+        self,
+        site: Site,
+        timeout: float,
+        on_wake: Optional[Callable[[Call], None]] = None,
+        deadline: Optional[float] = None,
+    ) -> Verdict:
         """Check this process's next call at `site` in, and return the verdict every rank follows.
 
         Args:
             on_wake (`Callable[[Call], None]`, *optional*): called once, with the call, when a write to
                 this rank's wake key ends its wait, before the verdict is read (`_read_verdict`).
+            deadline (`float`, *optional*): on `clock`, when the call's waits end: an earlier one when the
+                call began before its check-in (the session's mode agreement); `timeout` from now if None.
         """
         state = self.sites.get(site) or self.sites.setdefault(site, _SiteState(site_name(site)))
         if state.retired:
@@ -206,7 +214,8 @@ class CheckIn:
         self.calls += 1
         state.before, state.last = state.last, self.calls
         call = Call(state.name, state.count)
-        self.deadline, self.woken, self.on_wake, self.untidy = self.clock() + timeout, False, on_wake, None
+        self.deadline = self.clock() + timeout if deadline is None else deadline
+        self.woken, self.on_wake, self.untidy = False, on_wake, None
         try:
             verdict = self._check_in(call, self.deadline, timeout)
         except Exception:  # noqa: BLE001 -- the store failed under us: one more try, on a new connection

@@ -25,10 +25,13 @@ class BarrierSide:
     ) -> None:
         self.checkin = CheckIn(store, rank, world_size, reconnect=reconnect)
 
-    def check_in(self, site: Site, timeout: float, record: Callable[[], None]) -> Union[str, Handoff]:
+    def check_in(
+        self, site: Site, timeout: float, record: Callable[[], None], deadline: Optional[float] = None
+    ) -> Union[str, Handoff]:
         """Every rank checked in: the turns, handed over through the store; `"skip"`: some rank did not.
-        `record` puts this rank's record out (once), if its turn comes in the check-in (`turn_on_wake`)."""
-        verdict = self.checkin.verdict(site, timeout, turn_on_wake(self.checkin, record))
+        `record` puts this rank's record out (once), if its turn comes in the check-in (`turn_on_wake`).
+        `deadline` (`CheckIn.verdict`): the call's, when it began before the check-in."""
+        verdict = self.checkin.verdict(site, timeout, turn_on_wake(self.checkin, record), deadline)
         if not verdict.go:
             say_skipped(self.checkin, site, verdict, timeout)
         return after_check_in(self.checkin, site, verdict, timeout)

@@ -13,6 +13,12 @@ that rank's record of `identity`, or the deadline passes. Records met on the way
 - to a call the main process has not made (yet): kept, used when it makes it, flushed at exit.
 Then the block goes out in rank order, followed, if ranks are missing, by one warning naming them.
 
+A call site the main process has never called from, whose records have been kept a whole timeout
+(`if not accelerator.is_main_process: logger.info(..., in_order=True)`), is *others-only*: what was kept
+for it goes out at once, block by block, with one warning naming the site and the ranks, and its later
+records are emitted as they are found, on their own, never kept. So the kept records stay bounded by
+what arrives within a timeout, not by the number of calls (until the main process calls from there).
+
 Reading is batched (`queues`): first whatever is in the shared slot already, without waiting;
 then, for ranks still missing, one wait on all of them and one read, so a block of 1,024 ranks costs
 a few store round trips, not a few per rank.
@@ -82,9 +88,13 @@ class RecordSource(Protocol):
         """At exit: close `rank`'s queue; what it posted meanwhile, in order."""
 
 
+def where(site: Site) -> str:
+    filename, function, line = site
+    return f"{filename}:{line} in {function}"
+
+
 def describe(identity: Identity) -> str:
-    (filename, function, line), count = identity
-    return f"{filename}:{line} in {function} (call {count} from there)"
+    return f"{where(identity[0])} (call {identity[1]} from there)"
 
 
 class Collector:
@@ -93,6 +103,8 @@ class Collector:
     State (each bounded by the number of call sites and ranks, whatever the number of calls):
     - `pending`: identity -> `Block`, records of calls the main process has not made yet (first seen first);
     - `made`: site -> the main process's last call there (a record of a call it made already came late);
+    - `kept_since`: site the main process never called from -> when a record for it was first kept;
+    - `others_only`: sites kept from a whole timeout without the main process calling there: emitted as found;
     - `absent`: site -> ranks that missed a call there, not waited for there until a record of theirs
       for that site arrives;
     - `quiet`: rank -> seconds of grace left, for a rank that missed a deadline and of which nothing has
@@ -111,6 +123,8 @@ class Collector:
         self.made: dict[Site, int] = {}
         self.absent: dict[Site, set[int]] = {}
         self.quiet: dict[int, float] = {}
+        self.kept_since: dict[Site, float] = {}
+        self.others_only: set[Site] = set()
         self._heard: set[int] = set()  # ranks with a record taken during the current call
 
     # -- reading the queues -----------------------------------------------------------------
@@ -128,11 +142,15 @@ class Collector:
         self._hear(rank, identity[0])
         if identity == current:
             block[rank] = record
-        elif identity[1] <= self.made.get(identity[0], 0):
+        elif identity[1] <= self.made.get(identity[0], 0) or (
+            identity[0] in self.others_only and identity[0] not in self.made
+        ):
             if record is not None:
                 self._emit(rank, _copies.build(record))  # late: its block is out, so it goes alone, not into another
         else:
             self.pending.setdefault(identity, {})[rank] = record
+            if identity[0] not in self.made:
+                self.kept_since.setdefault(identity[0], time.monotonic())
 
     def _hear(self, rank: int, site: Site) -> None:
         """A record of `rank` for `site` arrived: it is not quiet, nor absent there, any more."""
@@ -223,6 +241,32 @@ class Collector:
         missing = [r for r in range(self.world_size) if r not in block]
         if missing:
             self._missed(identity, missing)
+        self._release_others_only()
+
+    def _release_others_only(self) -> None:
+        """Emit what was kept for sites the main process has not called from in a whole timeout (others-only).
+
+        One warning per such site, naming the ranks; from now on their records there go out as found.
+        """
+        now = time.monotonic()
+        for site, since in list(self.kept_since.items()):
+            if site in self.made:
+                del self.kept_since[site]
+            elif now - since >= self.timeout:
+                del self.kept_since[site]
+                self.others_only.add(site)
+                kept = sorted(identity for identity in self.pending if identity[0] == site)
+                ranks = sorted({rank for identity in kept for rank in self.pending[identity]})
+                for identity in kept:
+                    self._emit_block(self.pending.pop(identity))
+                if not ranks:
+                    continue
+                self.warn(
+                    f"in_order call at {where(site)}: rank(s) "
+                    f"{', '.join(map(str, ranks))} make it and the main process has not within {self.timeout:g} s "
+                    "(ACCELERATE_INORDER_TIMEOUT); their records from there are emitted as they arrive, on their "
+                    "own. An in_order call is collective: every rank must make it."
+                )
 
     def _missed(self, identity: Identity, missing: list[int]) -> None:
         """`missing` missed the call `identity`: absent at its site; quiet if nothing of theirs came meanwhile.

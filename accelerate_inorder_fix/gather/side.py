@@ -26,6 +26,35 @@ def _warn(text: str) -> None:
     warn_once(("gather", text), text)
 
 
+def _capture(
+    adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], origin: Origin
+) -> Optional[logging.LogRecord]:
+    """`records.capture`, or None (one warning) when a filter or formatter raises: the call still counts."""
+    try:
+        return records.capture(adapter, level, msg, args, kwargs, origin)
+    except Exception as exc:
+        _warn(f"a log record could not be built: {exc!r}")
+        return None
+
+
+def _print_here(record: Optional[logging.LogRecord]) -> None:
+    """This process's own handlers: for a record that cannot reach the main process."""
+    if record is not None:
+        try:
+            records.emit(record)
+        except Exception as exc:
+            warn_once(("gather-emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+
+
+def print_in_child(
+    adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], origin: Origin
+) -> None:
+    """A forked child's in_order call (a DataLoader worker): printed here, since the store connection is its
+    parent's. The child opens no side and touches no store, whenever it was forked."""
+    _warn("a forked process prints its own in_order records (the store connection is its parent's)")
+    _print_here(_capture(adapter, level, msg, args, kwargs, origin))
+
+
 class GatherSide:
     """The main process's collector, or a rank's outbox, on the job's store.
 
@@ -59,18 +88,10 @@ class GatherSide:
         kwargs: dict[str, Any],
         identity: Identity,
         timeout: float,
-        forked: bool = False,
     ) -> None:
         """One in_order call of this process: its record collected with the others' (main), or posted."""
-        try:
-            record = records.capture(adapter, level, msg, args, kwargs, self._origin)
-        except Exception as exc:  # a filter or formatter that raises: the call still counts, as a marker
-            _warn(f"a log record could not be built: {exc!r}")
-            record = None
-        if forked:  # a forked child (a DataLoader worker): the connection is its parent's
-            _warn("a forked process prints its own in_order records (the store connection is its parent's)")
-            self._print_here(record)
-        elif self._collector is not None:
+        record = _capture(adapter, level, msg, args, kwargs, self._origin)
+        if self._collector is not None:
             self._collect(adapter, identity, record, timeout)
         else:
             self._post(identity, record)
@@ -109,12 +130,7 @@ class GatherSide:
 
     @staticmethod
     def _print_here(record: Optional[logging.LogRecord]) -> None:
-        """This process's own handlers: for a record that cannot reach the main process."""
-        if record is not None:
-            try:
-                records.emit(record)
-            except Exception as exc:
-                warn_once(("gather-emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+        _print_here(record)
 
     @property
     def outbox(self) -> Optional[queues.Outbox]:

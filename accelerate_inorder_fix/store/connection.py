@@ -45,6 +45,16 @@ def open_store(timeout: float) -> tuple[Optional[Store], Optional[str]]:
     return dist.PrefixStore(PREFIX, _clone(store, timeout) or store), None  # type: ignore[attr-defined]
 
 
+def process_group_connection() -> Optional[Store]:
+    """The process group's own connection, prefixed; None without one. For one write at start-up, never a wait."""
+    store = _default_store()
+    if store is None:
+        return None
+    from torch.distributed import PrefixStore  # type: ignore[attr-defined]
+
+    return PrefixStore(PREFIX, store)
+
+
 def own_connection(timeout: float) -> Optional[Store]:
     """One more connection of our own, prefixed, for a background thread; None when torch cannot clone.
 

@@ -1,25 +1,111 @@
-"""The main process's in_order mode, written once to the job's store and read by every rank."""
+"""The main process's in_order mode, written to the job's store and read by every rank.
+
+One word per agreement: `mode/started` as soon as the job's process group is up (`on_start`), `mode` at
+the main process's first in_order call, `mode/<n>` at its n-th switch (`switch_key`). A few bytes each,
+one per switch: the store stays bounded. The first is what lets a rank's first call take the main
+process's mode without waiting for the main process to make that call.
+"""
 
 from __future__ import annotations
 
 import datetime
-from typing import Optional
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
 
-from .connection import Store
+import wrapt
+
+from .._diagnostics import warn_once
+from .connection import SHORTEST_WAIT, Store
 
 
 MODE_KEY = "mode"
+STARTED = -1  # the `switch` of the word written when the process group started (`publish_started`)
+_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
+_lock = threading.Lock()
+_started: list[Callable[[], None]] = []
+_installed: list[tuple[Any, Any]] = []  # (module, our wrapper there)
 
 
-def publish_mode(store: Store, mode: str) -> None:
-    """The main process's mode word, for every rank's first in_order call."""
-    store.set(MODE_KEY, mode)
+def switch_key(switch: int) -> str:
+    """The key of the main process's word at its `switch`-th mode switch (0: the first call's agreement;
+    `STARTED`: when the process group started)."""
+    if switch == STARTED:
+        return f"{MODE_KEY}/started"
+    return MODE_KEY if switch == 0 else f"{MODE_KEY}/{switch}"
 
 
-def read_mode(store: Store, seconds: float) -> Optional[str]:
-    """The main process's mode word, waiting up to `seconds`; None when it did not come in time."""
-    try:
-        store.wait([MODE_KEY], datetime.timedelta(seconds=seconds))
-    except RuntimeError:  # DistStoreError on timeout
-        return None
-    return bytes(store.get(MODE_KEY)).decode()
+def publish_mode(store: Store, mode: str, switch: int = 0) -> None:
+    """The main process's mode word, for every rank's first in_order call (or its `switch`-th switch)."""
+    store.set(switch_key(switch), mode)
+
+
+def read_mode(store: Store, seconds: float, switch: int = 0) -> Optional[str]:
+    """The main process's mode word, waiting up to `seconds`; None when it did not come in time.
+
+    Ranks wait on these keys, so they are never `peek`ed (a `compare_set` wakes a key's waiters, and the
+    woken rank would read a word that is not there): `check` wakes nobody. A wait shorter than
+    `SHORTEST_WAIT` is none (c10d reads a wait under 1 ms as no timeout at all).
+    """
+    key = switch_key(switch)
+    deadline = time.monotonic() + seconds
+    while not store.check([key]):
+        left = deadline - time.monotonic()
+        if left < SHORTEST_WAIT:
+            return None
+        try:
+            store.wait([key], datetime.timedelta(seconds=left))
+        except RuntimeError:  # DistStoreError on timeout
+            return None
+    return bytes(store.get(key)).decode()
+
+
+def _after_init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = wrapped(*args, **kwargs)
+    _run_started()
+    return result
+
+
+def _run_started() -> None:
+    with _lock:
+        callbacks = list(_started)
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception as exc:  # never into the caller's start-up
+            warn_once(("started", type(exc)), f"could not note the in_order mode at start-up: {exc!r}")
+
+
+def on_start(callback: Callable[[], None]) -> None:
+    """Call `callback` once the default process group is up: now if it is, else after `init_process_group`.
+
+    A wrapt wrapper on `init_process_group` (the name accelerate and user code call), installed once. A
+    name bound earlier (`from torch.distributed import init_process_group`) keeps the original: the
+    first in_order call then agrees as it would without this (waiting for the main process's word).
+    """
+    with _lock:
+        if callback not in _started:
+            _started.append(callback)
+        for name in _MODULES:
+            module = sys.modules.get(name)
+            current = getattr(module, "init_process_group", None)
+            if module is None or current is None or any(m is module and w is current for m, w in _installed):
+                continue
+            wrapper = wrapt.FunctionWrapper(current, _after_init)
+            setattr(module, "init_process_group", wrapper)
+            _installed.append((module, wrapper))
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        _run_started()
+
+
+def publish_started(mode: str) -> None:
+    """On the main process (global rank 0): its mode word now, on the process group's own connection (one `set`)."""
+    import torch.distributed as dist
+
+    from .connection import process_group_connection
+
+    store = process_group_connection()
+    if store is not None and dist.get_rank() == 0:
+        store.set(switch_key(STARTED), mode)

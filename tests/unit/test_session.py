@@ -1,8 +1,13 @@
 """`InOrderSession` on an in-memory store (pure logic): mode agreement, a switch, a forked process, a store
-that fails. The same promises on a real job: tests/jobs/test_faults.py (mode disagreement, forked workers)."""
+that fails. The same promises on a real job: tests/jobs/test_faults.py (mode disagreement, forked workers),
+tests/jobs/test_session_edges.py (a skipped first call, fork before the first call and under the lock, a
+switch made on one rank, calls at exit)."""
 
 import logging
 import os
+import signal
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -97,7 +102,7 @@ def test_a_forked_process_is_not_a_rank_it_never_checks_in_nor_posts(capsys):
     (rank1,) = _sessions(store, n=1)
     settings = _settings("barrier")
     rank1.mode(_rank(1), settings)  # opens the store in this process
-    rank1._pid = os.getpid() + 1  # as seen from a forked child: the connection is its parent's
+    rank1.after_fork_in_child()  # what os.fork runs in the child: the connection is its parent's
     assert rank1.forked()
     assert rank1.check_in(_rank(1), settings, SITE, lambda: None) == "skip"
     assert "a forked process logs its in_order records at once" in capsys.readouterr().err
@@ -111,7 +116,7 @@ def test_a_forked_process_in_gather_mode_prints_its_record_itself(capsys):
     settings = _settings("gather")
     main.mode(_rank(0), settings)
     assert rank1.mode(_rank(1), settings) == "gather"
-    rank1._pid = os.getpid() + 1
+    rank1.after_fork_in_child()
     seen = []
     logger = logging.getLogger("aif.test.session")
     handler = logging.Handler()
@@ -130,3 +135,110 @@ def test_call_counts_are_per_site_and_give_each_call_its_identity():
     (session,) = _sessions(FakeStore(), n=1)
     other = ("train.py", "step", 9)
     assert [session.count(SITE), session.count(SITE), session.count(other), session.count(SITE)] == [1, 2, 1, 3]
+
+
+def test_a_skipped_first_call_costs_one_timeout_in_all_agreement_and_check_in_together(capsys):
+    """The main process never comes: rank 1 waits for its mode word, then checks in by the same deadline."""
+    (rank1,) = _sessions(FakeStore(), n=1)
+    settings = _settings("barrier", timeout=0.3)
+    start = time.monotonic()
+    assert rank1.mode(_rank(1), settings) == "barrier"
+    assert rank1.check_in(_rank(1), settings, SITE, lambda: None) == "skip"
+    assert time.monotonic() - start < 1.25 * 0.3  # f0a0bfc: the agreement's T, then the check-in's T
+    assert "did not make it within 0.3 s" in capsys.readouterr().err
+    rank1.close()
+
+
+def test_a_switch_made_on_one_rank_alone_is_refused_with_one_line_and_one_made_by_the_main_process_is_taken(capsys):
+    store = FakeStore()
+    main, rank1 = _sessions(store)
+    settings = [_settings("barrier", timeout=0.2), _settings("barrier", timeout=0.2)]
+    assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["barrier", "barrier"]
+    settings[1].configure(mode="gather")  # rank 1 alone
+    assert rank1.mode(_rank(1), settings[1]) == "barrier"
+    assert rank1.mode(_rank(1), settings[1]) == "barrier"  # refused once, not waited for again
+    err = capsys.readouterr().err
+    assert err.count("configure(mode='gather') (or ACCELERATE_INORDER_MODE) was not made on the main process") == 1
+    assert "keeps the job's in_order mode, barrier" in err
+    settings[0].configure(mode="gather")
+    settings[1].configure(mode="gather")
+    assert main.mode(_rank(0), settings[0]) == "gather"  # the main process's first switch: its word mode/1
+    assert rank1.mode(_rank(1), settings[1]) == "gather"  # the refused switch was not counted: rank 1 reads mode/1
+    for session in (main, rank1):
+        session.close()
+
+
+def test_switches_on_every_rank_meet_at_the_same_word_whoever_comes_first():
+    store = FakeStore()
+    main, rank1 = _sessions(store)
+    settings = [_settings("barrier", timeout=2.0), _settings("barrier", timeout=2.0)]
+    assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["barrier", "barrier"]
+    for own in settings:
+        own.configure(mode="gather")
+    later = threading.Timer(0.2, lambda: main.mode(_rank(0), settings[0]))
+    later.start()  # the main process switches after rank 1 began waiting for its word
+    start = time.monotonic()
+    assert rank1.mode(_rank(1), settings[1]) == "gather"
+    assert time.monotonic() - start < 1.0
+    later.join()
+    for session in (main, rank1):
+        session.close()
+
+
+def test_after_close_a_call_logs_at_once_without_barriers(capsys):
+    (rank1,) = _sessions(FakeStore(), n=1)
+    settings = _settings("barrier", timeout=0.05)
+    rank1.mode(_rank(1), settings)
+    rank1.close()
+    assert rank1.check_in(_rank(1), settings, SITE, lambda: None) == "skip"  # f0a0bfc: "plain", real barriers
+    assert "in_order calls after this process's exit began are logged at once" in capsys.readouterr().err
+
+
+def test_a_child_forked_while_a_thread_holds_the_lock_or_before_any_call_is_not_a_rank_and_never_blocks():
+    """Forked before the first call (no store yet) and while another thread is inside an in_order call."""
+    (session,) = _sessions(FakeStore(), n=1)
+    settings = _settings("barrier")
+    holding, release = threading.Event(), threading.Event()
+
+    def inside_a_call():
+        with session.lock:
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=inside_a_call)
+    thread.start()
+    holding.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: a bounded try, then out without running the parent's test machinery
+        signal.alarm(5)
+        ok = session.forked() and session.mode(_rank(1), settings) == "barrier"
+        ok = ok and session.check_in(_rank(1), settings, SITE, lambda: None) == "skip"
+        os._exit(0 if ok else 1)
+    release.set()
+    thread.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # f0a0bfc: SIGALRM (blocked on the lock), or checked in
+    assert not session.forked()
+
+
+def test_the_word_written_when_the_process_group_started_spares_the_first_post_its_wait(capsys):
+    """The main process skips (or is late to) its first call: a rank whose setting has not changed since the
+    process group started takes the word the main process wrote then, without waiting; if the main process
+    then changed its mode alone, the rank follows it from its next call, and says so."""
+    store = FakeStore()
+    main, rank1 = _sessions(store)
+    settings = [_settings("gather", timeout=2.0), _settings("gather", timeout=2.0)]
+    store.set(
+        session_module.mode.switch_key(session_module.mode.STARTED), b"gather"
+    )  # what `mode.publish_started` writes on the main process
+    rank1._started = ("gather", settings[1].mode_generation)
+    start = time.monotonic()
+    assert rank1.mode(_rank(1), settings[1]) == "gather"
+    assert time.monotonic() - start < 0.5  # f0a0bfc: the whole timeout, waiting for the main process's first call
+    settings[0].configure(mode="barrier")  # the main process alone, before its first call
+    main._started = ("gather", 0)
+    assert main.mode(_rank(0), settings[0]) == "barrier"
+    assert rank1.mode(_rank(1), settings[1]) == "barrier"
+    assert "the main process changed its in_order mode from gather to barrier alone" in capsys.readouterr().err
+    for session in (main, rank1):
+        session.close()
