@@ -1030,4 +1030,4 @@ def test_a_helper_from_a_file_given_together_is_followed_and_a_file_alone_is_not
     [finding] = json.loads(out)
     assert code == 1 and finding["path"] == str(train) and finding["code"] == "AIF003"
     assert "calls `accelerator.save_state()` (utils.py:2)" in finding["message"] and finding["callee_line"] == 2
-    assert _run([train]) == (0, "", _run([train])[2])
+    assert _run([train])[:2] == (0, "")  # alone, the helper it imports is not read

@@ -133,40 +133,52 @@ def _may_leave(stmt: ast.stmt) -> bool:
 
 
 class Package:
-    """The functions of files given together, by file, so a call imported from one of them can be followed.
+    """The files given together, so that a call imported from one of them can be followed.
 
-    Built from the summaries alone (each function's `Reach`): the files' trees are not kept.
+    Lazy: a file is read, parsed and summarised (each module-level function's `Reach`) the first time a call
+    on a rank-dependent path is imported from it, and only its summary is kept, not its tree.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, files: Sequence[str] = ()) -> None:
+        self.files = {Path(f).resolve(): f for f in files}
         self.reaches: dict[Path, dict[str, Reach]] = {}
 
-    def add(self, path: str, tree: ast.Module) -> None:
-        """Index one file's module-level functions that certainly make a collective."""
-        imports = rank.import_table(tree)
-        accelerators = rank.accelerator_names(tree)
-        found = {}
-        for name, fn in functions(tree).items():
-            if "." not in name:
-                summary = reach(fn, imports, accelerators)
-                if summary is not None:
-                    found[name] = Reach(summary.kind, summary.call, summary.line, summary.function, path)
-        if found:
-            self.reaches[Path(path).resolve()] = found
+    def summary(self, path: Path) -> dict[str, Reach]:
+        """The functions of one given file that certainly make a collective (none if it cannot be read)."""
+        if path not in self.reaches:
+            self.reaches[path] = {}
+            try:
+                source = path.read_bytes()
+                if mentions_collective(source):
+                    self.reaches[path] = _summarise(ast.parse(source), self.files[path])
+            except (OSError, SyntaxError, ValueError):
+                pass  # the check of that file itself reports it
+        return self.reaches[path]
 
     def lookup(self, importer: str, level: int, module: str, name: str) -> Optional[Reach]:
         """The function `name` of module `module` (relative at `level`) as seen from file `importer`."""
-        if not self.reaches:
-            return None
         parts = module.split(".") if module else []
         if level:
             base = Path(importer).resolve().parents[level - 1]
             candidates = [base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")]
-            found = [self.reaches[c] for c in candidates if c in self.reaches]
+            found = [c for c in candidates if c in self.files]
         else:
-            tails = ("/".join(parts) + ".py", "/".join([*parts, "__init__.py"]))
-            found = [r for p, r in self.reaches.items() if p.as_posix().endswith(tuple("/" + t for t in tails))]
-        return found[0].get(name) if len(found) == 1 else None
+            tails = tuple(
+                "/" + "/".join(t) for t in ([*parts[:-1], parts[-1] + ".py"], [*parts, "__init__.py"]) if parts
+            )
+            found = [p for p in self.files if p.as_posix().endswith(tails)] if parts else []
+        return self.summary(found[0]).get(name) if len(found) == 1 else None
+
+
+def _summarise(tree: ast.Module, path: str) -> dict[str, Reach]:
+    """Each module-level function of a file that certainly makes a collective, by name."""
+    imports, accelerators = rank.import_table(tree), rank.accelerator_names(tree)
+    found = {}
+    for name, fn in functions(tree).items():
+        summary = None if "." in name else reach(fn, imports, accelerators)
+        if summary is not None:
+            found[name] = Reach(summary.kind, summary.call, summary.line, summary.function, path)
+    return found
 
 
 def imported_function(

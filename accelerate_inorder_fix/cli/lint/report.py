@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, TextIO
 
-from .helpers import Package, mentions_collective
+from .helpers import Package
 from .sources import mentions_rank
 from .walker import CODES, Finding, check_tree
 
@@ -66,20 +66,6 @@ def check_file(path: str, package: Optional[Package] = None) -> list[Finding]:
         return []  # parsed all the same: a file that does not parse is reported whatever it says
     lines = source.decode(_encoding(source), errors="replace").splitlines()
     return [f for f in check_tree(tree, lines, path, package) if not is_suppressed(f, lines)]
-
-
-def index_package(files: Sequence[str]) -> Package:
-    """The functions that certainly make a collective, in each of the files given together (unreadable ones
-    are left out here and reported by the check itself)."""
-    package = Package()
-    for path in files if len(files) > 1 else ():
-        try:
-            source = Path(path).read_bytes()
-            if mentions_collective(source):
-                package.add(path, ast.parse(source, filename=path))
-        except (OSError, SyntaxError, ValueError):
-            continue
-    return package
 
 
 def _encoding(source: bytes) -> str:
@@ -145,7 +131,8 @@ def run(
     found: list[tuple[str, Finding]] = []
     files = unreadable = 0
     listed = list(python_files(paths))
-    package = index_package([path for path, problem in listed if problem is None])
+    given = [path for path, problem in listed if problem is None]
+    package = Package(given) if len(given) > 1 else None
     for path, problem in listed:
         try:
             if problem is not None:
