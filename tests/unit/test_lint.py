@@ -1031,3 +1031,16 @@ def test_a_helper_from_a_file_given_together_is_followed_and_a_file_alone_is_not
     assert code == 1 and finding["path"] == str(train) and finding["code"] == "AIF003"
     assert "calls `accelerator.save_state()` (utils.py:2)" in finding["message"] and finding["callee_line"] == 2
     assert _run([train])[:2] == (0, "")  # alone, the helper it imports is not read
+
+
+def test_a_chain_from_a_parameter_names_both_links():
+    finding = only("""
+        def f(rank):
+            is_zero = rank == 0
+            if is_zero:
+                dist.barrier()
+    """)
+    assert finding.source == (
+        f"`is_zero` is bound from `rank == 0` at line {OFFSET + 3}, "
+        f"and `rank` is a parameter named for a rank or main-process flag (line {OFFSET + 2})"
+    )

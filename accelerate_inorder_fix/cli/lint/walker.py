@@ -164,28 +164,34 @@ def rank_names(
     bound = _Bindings()
     for node in binders:
         bound.add(node)
-    other = bound.other | {a.arg for a in params}
-    taken = other | set(bound.assigned) | set(bound.unpacked)
-    tainted: dict[str, Binding] = {k: v for k, v in inherited.items() if k not in taken}
-    for arg in params:
-        if arg.arg in sources.RANK_NAMES and arg.arg not in bound.other | set(bound.assigned) | set(bound.unpacked):
-            origin = f"`{arg.arg}` is a parameter named for a rank or main-process flag (line {arg.lineno})"
-            tainted[arg.arg] = sources.named_source(arg.arg, origin)
-    for name, value in bound.unpacked.items():
-        if name not in other and name not in bound.assigned:
-            origin = f"`{name}` is bound from `{_text(value)}` at line {value.lineno}"
-            tainted[name] = sources.named_source(name, origin)
+    parameters = {a.arg for a in params}
+    tainted = {k: v for k, v in inherited.items() if k not in bound.names() | parameters}
+    tainted.update(_named_sources(bound, params))
+    unsure = bound.other | set(bound.unpacked) | parameters  # bound otherwise than by `name = value`
     changed = True
     while changed:  # a = dist.get_rank(); b = a == 0: b is rank-dependent once a is known to be
         changed = False
         for name, values in bound.assigned.items():
-            if name not in tainted and name not in taken - set(bound.assigned):
-                if all(walker.rank_dependent(v, tainted) for v in values):
-                    tainted[name] = Binding(
-                        values[0] if len(values) == 1 else None, walker.origin(name, values[0], tainted)
-                    )
-                    changed = True
+            if name not in tainted and name not in unsure and all(walker.rank_dependent(v, tainted) for v in values):
+                only = values[0] if len(values) == 1 else None
+                tainted[name] = Binding(only, walker.origin(name, values[0], tainted))
+                changed = True
     return tainted
+
+
+def _named_sources(bound: _Bindings, params: Sequence[ast.arg]) -> dict[str, Binding]:
+    """Parameters and names unpacked from a call that are rank sources by their name, if bound no other way."""
+    found = {}
+    for arg in params:
+        if arg.arg in sources.RANK_NAMES and arg.arg not in bound.names():
+            origin = f"`{arg.arg}` is a parameter named for a rank or main-process flag (line {arg.lineno})"
+            found[arg.arg] = sources.named_source(arg.arg, origin)
+    parameters = {a.arg for a in params}
+    for name, value in bound.unpacked.items():
+        if name not in bound.other | set(bound.assigned) | parameters:
+            origin = f"`{name}` is bound from `{_text(value)}` at line {value.lineno}"
+            found[name] = sources.named_source(name, origin)
+    return found
 
 
 class _Bindings:
@@ -196,6 +202,10 @@ class _Bindings:
         self.assigned: dict[str, list[ast.expr]] = {}
         self.unpacked: dict[str, ast.expr] = {}
         self.other: set[str] = set()
+
+    def names(self) -> set[str]:
+        """Every name the scope binds, in any way."""
+        return self.other | set(self.assigned) | set(self.unpacked)
 
     def add(self, node: ast.AST) -> None:
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
@@ -335,22 +345,29 @@ class _Walker:
         return self.package.lookup(self.path, *imported)
 
     def origin(self, name: str, value: ast.expr, tainted: Definitions) -> str:
-        """`RANK` is bound from `lm.rank` at line 3 (and, for a chain, where that name came from)."""
+        """`RANK` is bound from `lm.rank` at line 3; for a chain, also where the name it is bound from came from."""
         here = f"`{name}` is bound from `{_text(value)}` at line {value.lineno}"
-        inner = self.source_of(value, tainted)
-        return f"{here}, and {inner}" if inner.startswith("`") and " is bound " in inner else here
+        atom = self.source_atom(value, tainted)
+        return f"{here}, and {tainted[atom.id].origin}" if isinstance(atom, ast.Name) else here
 
     def source_of(self, expr: ast.expr, tainted: Definitions) -> str:
-        """The sentence naming the rank source that makes `expr` rank-dependent (its first one)."""
+        """The sentence naming the rank source that makes `expr` rank-dependent (its first one), or ""."""
+        atom = self.source_atom(expr, tainted)
+        if isinstance(atom, ast.Name):
+            return tainted[atom.id].origin
+        return "" if atom is None else sources.describe_atom(atom)
+
+    def source_atom(self, expr: ast.expr, tainted: Definitions) -> Optional[ast.expr]:
+        """The first rank source in `expr` (of `a and b`, in its first rank-dependent part): a rank name or atom."""
         if isinstance(expr, ast.BoolOp):
             part = next((v for v in expr.values if self.rank_dependent(v, tainted)), None)
-            return self.source_of(part, tainted) if part is not None else ""
+            return None if part is None else self.source_atom(part, tainted)
         for node in ast.walk(expr):
             if isinstance(node, ast.Name) and node.id in tainted:
-                return tainted[node.id].origin
+                return node
             if isinstance(node, ast.expr) and rank.is_rank_source(node, self.imports):
-                return sources.describe_atom(node)
-        return ""
+                return node
+        return None
 
     def walk(self, body: Sequence[ast.stmt], reason: Optional[Reason], tainted: Definitions) -> None:
         """Walk a function's (or the module's) body as a scope of its own."""
