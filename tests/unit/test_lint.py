@@ -974,11 +974,13 @@ def test_a_helper_that_certainly_makes_a_collective_counts_as_it(helper, call, c
         "def sync():\n    dist.barrier()\nsync()",
         "def save():\n    torch.save(model, 'x')\nif accelerator.is_main_process:\n    save()",
         "def sync():\n    f = lambda: dist.barrier()\nif accelerator.is_main_process:\n    sync()",
+        "def sync(xs):\n    [dist.barrier() for _ in xs]\nif accelerator.is_main_process:\n    sync([])",
+        "def sync(x):\n    x and dist.barrier()\nif accelerator.is_main_process:\n    sync(0)",
         "class A:\n    def sync(self):\n        dist.barrier()\nclass B:\n    def sync(self):\n        pass\n"
         + "    def step(self):\n        if self.rank == 0:\n            self.sync()",
     ],
     ids=["behind-a-parameter", "after-an-early-return", "in-a-loop", "two-deep", "balanced", "every-rank"]
-    + ["no-collective", "in-a-lambda", "ambiguous-method"],
+    + ["no-collective", "in-a-lambda", "in-a-comprehension", "behind-and", "ambiguous-method"],
 )
 def test_a_helper_that_may_not_make_the_collective_or_is_balanced_is_silent(body):
     assert findings(body) == []

@@ -26,6 +26,7 @@ from . import paths, rank
 FunctionNode = Union[ast.FunctionDef, ast.AsyncFunctionDef]
 _BARRIERS = {"wait_for_everyone": "barrier", "torch.distributed.barrier": "barrier"}
 _NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 # Every word a collective call is spelled with: a file that spells none has no function worth indexing.
 _WORDS = {*rank.ACCELERATE_ONLY, *rank.ACCELERATE_AMBIGUOUS, *rank.TORCH_DISTRIBUTED, *rank.STATE_COLLECTIVES}
 _MENTIONS_COLLECTIVE = re.compile("|".join(sorted(_WORDS | {"in_order"})).encode())
@@ -67,8 +68,8 @@ def call_kind(call: ast.Call, imports: Mapping[str, str], accelerators: frozense
 def functions(tree: ast.Module) -> dict[str, FunctionNode]:
     """The module's functions by the name a call uses: `f` for a module-level `def f`, `self.m` for a method.
 
-    A name defined twice (two classes with a `save` method, a `def` under `if`) is left out: which one runs
-    is not certain.
+    A name defined twice (two module-level `def f`, two classes with a `save` method) is left out: which one
+    runs is not certain. A `def` under an `if` or inside another function is not seen at all.
     """
     seen: dict[str, list[FunctionNode]] = {}
     for node in tree.body:
@@ -110,11 +111,12 @@ def _first_sure_call(body: Sequence[ast.stmt], counts: paths.Counter) -> Optiona
 
 
 def _calls(node: ast.AST) -> Iterator[ast.Call]:
-    """The calls an expression or simple statement certainly makes, in order: not in lambdas or `x if c else y`."""
+    """The calls an expression or simple statement certainly makes: not in lambdas, `x if c else y`, `a and b`
+    or comprehensions (whose loop may not turn)."""
     stack = [node]
     while stack:
         item = stack.pop()
-        if isinstance(item, (ast.Lambda, ast.IfExp, ast.BoolOp, *_NESTED)):
+        if isinstance(item, (ast.IfExp, ast.BoolOp, *_NESTED, *_COMPREHENSIONS)):
             continue
         if isinstance(item, ast.Call):
             yield item
