@@ -138,7 +138,8 @@ class Package:
     """The files given together, so that a call imported from one of them can be followed.
 
     Lazy: a file is read, parsed and summarised (each module-level function's `Reach`) the first time a call
-    on a rank-dependent path is imported from it, and only its summary is kept, not its tree.
+    imported from it is on a rank-dependent path or in a function the balancing rule judges; only its summary
+    is kept, not its tree.
     """
 
     def __init__(self, files: Sequence[str] = ()) -> None:
