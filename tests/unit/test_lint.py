@@ -1046,3 +1046,8 @@ def test_a_chain_from_a_parameter_names_both_links():
         f"`is_zero` is bound from `rank == 0` at line {OFFSET + 3}, "
         f"and `rank` is a parameter named for a rank or main-process flag (line {OFFSET + 2})"
     )
+
+
+def test_a_relative_import_from_above_the_root_is_not_followed_and_does_not_crash(tmp_path):
+    pkg, train = _package(tmp_path, "from " + "." * 64 + "utils import checkpoint")
+    assert _run([pkg])[:2] == (0, "")

@@ -162,7 +162,10 @@ class Package:
         """The function `name` of module `module` (relative at `level`) as seen from file `importer`."""
         parts = module.split(".") if module else []
         if level:
-            base = Path(importer).resolve().parents[level - 1]
+            parents = Path(importer).resolve().parents
+            if level > len(parents):
+                return None  # `from .... import f` above the file system's root: not a file given here
+            base = parents[level - 1]
             candidates = [base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py")]
             found = [c for c in candidates if c in self.files]
         else:
