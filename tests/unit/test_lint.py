@@ -176,6 +176,7 @@ def test_a_function_decorated_to_run_on_some_ranks_is_rank_dependent(decorator):
             logger.info("x", in_order=True)
     """)
     assert finding.code == "AIF001" and f"in a function decorated `{decorator}`" in finding.message
+    assert finding.source == f"`{decorator[1:].split('(')[0].split('.')[-1]}` is a rank decorator"
 
 
 def test_an_undecorated_function_is_not_rank_dependent():

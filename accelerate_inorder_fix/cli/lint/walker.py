@@ -413,7 +413,10 @@ class _Walker:
         inner: Optional[Reason] = None  # a function body runs where it is called, not where it is defined
         for decorator in node.decorator_list:
             if rank.last_name(decorator) in sources.RANK_DECORATORS:
-                inner = Reason("in a function decorated", f"@{_text(decorator)}", decorator.lineno, decorated=True)
+                source = f"`{rank.last_name(decorator)}` is a rank decorator"
+                inner = Reason(
+                    "in a function decorated", f"@{_text(decorator)}", decorator.lineno, False, True, source
+                )
         names = rank_names(self.index.binders.get(id(node), ()), _parameters(node), tainted, self)
         self.walk(node.body, inner, names)
 
