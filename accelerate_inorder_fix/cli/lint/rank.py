@@ -1,9 +1,10 @@
 """What a single expression means to the lint: a rank-dependent value, a collective call, an in_order call.
 
 Every rule here errs towards silence. A value counts as rank-dependent only when it certainly differs
-between ranks (a rank source from `sources`: `accelerator.is_main_process`, `args.local_rank`, `dist.get_rank()`,
-`is_master(cfg)`, `os.environ["RANK"]`; a name bound only from such values, and `not`/`and`/`or`/comparisons/arithmetic over them); a check that is the same on every
-rank, such as `local_rank != -1` ("are we distributed?"), does not count. A call counts as a collective only
+between ranks: a rank source of `sources` (`accelerator.is_main_process`, `args.local_rank`, `dist.get_rank()`,
+`is_master(cfg)`, `os.environ["RANK"]`), a name bound only from such values, and `not`/`and`/`or`/comparisons/
+arithmetic over them; a check that is the same on every rank, such as `local_rank != -1` ("are we
+distributed?"), does not count. A call counts as a collective only
 when its name cannot belong to something else: `gather` and `reduce` only on an accelerator or from
 `accelerate`, `barrier` and `broadcast` only from `torch.distributed` or a module known to be it under another
 name (`deepspeed.comm`); an unknown module named `dist` is not. AIF003's methods (`save_state`...) count on an
