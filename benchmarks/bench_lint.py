@@ -15,16 +15,18 @@ from collections import Counter
 from pathlib import Path
 
 from accelerate_inorder_fix.cli.lint import CODES, check_file, report
+from accelerate_inorder_fix.cli.lint.helpers import Package
 
 
 def measure(path: str) -> tuple[int, float, float, float, list[str]]:
     """(files, CPU s of lint, CPU s of ast.parse alone, wall s of lint, findings as flake8 lines)."""
     files = [p for p, problem in report.python_files([path]) if problem is None]
     start_cpu, start_wall = time.process_time(), time.perf_counter()
+    package = Package(files)  # the files are given together, as `lint PATH` gives them
     lines = []
     for name in files:
         try:
-            lines += [report.render_text(name, f) for f in check_file(name)]
+            lines += [report.render_text(name, f) for f in check_file(name, package)]
         except (OSError, SyntaxError, ValueError):
             continue
     cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start_wall

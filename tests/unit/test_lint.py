@@ -176,6 +176,7 @@ def test_a_function_decorated_to_run_on_some_ranks_is_rank_dependent(decorator):
             logger.info("x", in_order=True)
     """)
     assert finding.code == "AIF001" and f"in a function decorated `{decorator}`" in finding.message
+    assert finding.source == f"`{decorator[1:].split('(')[0].split('.')[-1]}` is a rank decorator"
 
 
 def test_an_undecorated_function_is_not_rank_dependent():
@@ -206,8 +207,9 @@ def test_a_name_also_bound_to_something_else_is_not_rank_dependent():
         rank = 0
         if rank == 0:
             dist.barrier()
-        def f(rank):
-            if rank == 0:
+        def f(is_main_process):
+            is_main_process = False
+            if is_main_process:
                 dist.barrier()
     """)
         == []
@@ -255,7 +257,8 @@ def test_a_long_condition_is_named_by_its_rank_dependent_part():
         "'RANK' in os.environ",
         "dist.get_rank() >= 0",
         "0 <= accelerator.process_index",
-        "args.local_rank == 0",
+        "args.local_rank != -1",
+        "args.local_rank is None",
     ],
 )
 def test_checks_with_the_same_answer_on_every_rank_are_not_rank_dependent(condition):
@@ -578,8 +581,13 @@ def test_trainer_and_lightning_rank_sources_are_ranks(condition):
     assert findings(f"if {condition}:\n    dist.barrier()") == [(2, "AIF002")]
 
 
-def test_a_global_rank_setting_on_args_is_not_a_rank():
-    assert findings("if args.global_rank == 0:\n    dist.barrier()") == []
+@pytest.mark.parametrize(
+    "condition",
+    ["self.ranking == 0", "args.lora_rank == 0", "args.rank_dim > 4", "self.ranks[0] == 0", "args.is_mainline"]
+    + ["ranker.get_ranking() == 0", "is_main_branch()", "rank_fn(x) == 0"],
+)
+def test_names_that_only_contain_a_rank_word_are_not_ranks(condition):
+    assert findings(f"if {condition}:\n    dist.barrier()") == []
 
 
 @pytest.mark.parametrize(
@@ -772,3 +780,275 @@ def test_a_match_whose_every_case_makes_the_collective_balances_the_other_side()
             else:
                 dist.barrier()
     """) == [(15, "AIF002"), (17, "AIF002")]
+
+
+# The guard styles real codebases use: each is a rank source (`lint.sources`), named in the finding.
+OFFSET = HEADER.count("\n")  # the first line of a test's body is OFFSET + 1
+
+
+def test_a_flag_unpacked_from_a_setup_call_is_a_rank_source_named_with_its_line():
+    finding = only("""
+        def main():
+            global_rank, world_size, is_main_process = setup_distributed_env()
+            if is_main_process:
+                dist.barrier()
+    """)
+    line = OFFSET + 3
+    assert finding.code == "AIF002" and finding.condition == "if is_main_process:"
+    assert finding.source == f"`is_main_process` is bound from `setup_distributed_env()` at line {line}"
+    assert finding.source in finding.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "a, b = setup()\nif b:\n    dist.barrier()",
+        "for rank, item in enumerate(items):\n    if rank == 0:\n        dist.barrier()",
+        "rank, world = init()\nrank = 0\nif rank == 0:\n    dist.barrier()",
+        "rank, world = init()\nif rank == 0:\n    dist.barrier()\nelse:\n    dist.barrier()",
+        "(rank, n), world = init()\nif rank == 0:\n    dist.barrier()",
+    ],
+    ids=["other-names", "loop-target", "rebound", "balanced", "nested-unpacking"],
+)
+def test_unpacked_names_that_are_not_a_rank_or_balance_are_silent(body):
+    assert findings(body) == []
+
+
+def test_tuple_assignment_binds_element_by_element():
+    assert findings("n, is_zero = 8, dist.get_rank() == 0\nif is_zero:\n    dist.barrier()") == [(3, "AIF002")]
+    assert findings("is_zero, n = False, dist.get_rank() == 0\nif is_zero:\n    dist.barrier()") == []
+
+
+@pytest.mark.parametrize(
+    ("condition", "source"),
+    [
+        ("self.rank == 0", "`self.rank` is a rank attribute"),
+        ("trainer.data_parallel_rank == 0", "`trainer.data_parallel_rank` is a rank attribute"),
+        ("args.local_rank in [-1, 0]", "`args.local_rank` is a rank attribute"),
+        ("args.global_rank == 0", "`args.global_rank` is a rank attribute"),
+        ("state.is_master", "`state.is_master` is a rank attribute"),
+        ("distributed_utils.is_master(cfg)", "`distributed_utils.is_master(cfg)` is a rank predicate"),
+        ("is_rank_0()", "`is_rank_0()` is a rank predicate"),
+        ("utils.is_main_process()", "`utils.is_main_process()` is a rank predicate"),
+        ("not dist_utils.is_rank_zero()", "`dist_utils.is_rank_zero()` is a rank predicate"),
+        ("int(os.environ['RANK']) == 0", "`os.environ['RANK']` reads the rank's environment variable"),
+    ],
+)
+def test_rank_attributes_on_any_object_and_rank_predicates_are_rank_sources(condition, source):
+    finding = only(f"if {condition}:\n    dist.barrier()")
+    assert finding.code == "AIF002" and finding.source == source
+    assert f"where {source}" in finding.message
+
+
+def test_a_rank_attribute_evaluates_per_rank_so_the_zero_first_pair_on_args_balances():
+    assert (
+        findings("""
+        def zero_first(args):
+            if args.local_rank not in [-1, 0]:
+                dist.barrier()
+            yield
+            if args.local_rank == 0:
+                dist.barrier()
+    """)
+        == []
+    )
+
+
+def test_a_local_alias_of_a_rank_attribute_is_a_rank_source_and_a_chain_is_told_link_by_link():
+    finding = only("""
+        RANK = lm.rank
+        if RANK == 0:
+            dist.barrier()
+    """)
+    assert finding.source == f"`RANK` is bound from `lm.rank` at line {OFFSET + 2}"
+    finding = only("""
+        def f(lm):
+            rank = lm.rank
+            is_zero = rank == 0
+            if is_zero:
+                dist.barrier()
+    """)
+    assert finding.source.startswith("`is_zero` is bound from `rank == 0`")
+    assert finding.source.endswith("and `rank` is bound from `lm.rank` at line " + str(OFFSET + 3))
+
+
+@pytest.mark.parametrize(
+    ("param", "condition"),
+    [
+        ("is_main_process: bool", "is_main_process"),
+        ("rank", "rank == 0"),
+        ("*, local_rank: int = -1", "local_rank > 0"),
+    ]
+    + [("is_master", "not is_master"), ("is_main", "is_main")],
+)
+def test_a_parameter_named_as_a_rank_or_main_process_flag_is_a_rank_source(param, condition):
+    finding = only(f"""
+        def finish(model, out, {param}):
+            if {condition}:
+                accelerator.wait_for_everyone()
+    """)
+    name = param.lstrip("*, ").split(":")[0]
+    assert finding.source == f"`{name}` is a parameter named for a rank or main-process flag (line {OFFSET + 2})"
+
+
+@pytest.mark.parametrize("param", ["n", "ranking", "lora_rank", "main", "rank_dim"])
+def test_a_parameter_with_another_name_is_not_a_rank_source(param):
+    assert findings(f"def f({param}):\n    if {param} == 0:\n        dist.barrier()") == []
+
+
+def test_the_goes_first_pairs_guarded_by_a_parameter_are_candidates_that_balance():
+    """yolov5's `torch_distributed_zero_first(local_rank)` and accelerate's `_goes_first(self, is_main)`, as
+    written there: their parameter is a rank source, and the balancing rule silences them."""
+    assert (
+        findings("""
+        def torch_distributed_zero_first(local_rank: int):
+            if local_rank not in [-1, 0]:
+                dist.barrier(device_ids=[local_rank])
+            yield
+            if local_rank == 0:
+                dist.barrier(device_ids=[0])
+        class PartialState:
+            def _goes_first(self, is_main: bool):
+                if not is_main:
+                    self.wait_for_everyone()
+                yield
+                if is_main:
+                    self.wait_for_everyone()
+    """)
+        == []
+    )
+    assert findings("""
+        def _goes_first(self, is_main: bool):
+            if not is_main:
+                self.wait_for_everyone()
+            yield
+    """) == [(4, "AIF002")]
+
+
+# One call deep: the user's own function that certainly makes a collective counts as that collective.
+
+
+def test_a_call_under_a_rank_guard_to_a_function_that_saves_state_is_reported_at_the_call():
+    finding = only("""
+        def checkpoint(args, global_step, accelerator):
+            save_path = os.path.join(args.output_dir, f"checkpoint-{global_step}")
+            accelerator.save_state(save_path)
+        def main():
+            if accelerator.is_main_process:
+                checkpoint(args, global_step, accelerator)
+    """)
+    assert (finding.line - OFFSET, finding.code, finding.callee_line) == (7, "AIF003", OFFSET + 4)
+    assert finding.message.startswith(
+        f"`checkpoint()` calls `accelerator.save_state()` (line {OFFSET + 4}), which is collective under DeepSpeed and FSDP,"
+    )
+    assert "under `if accelerator.is_main_process:`" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("helper", "call", "code"),
+    [
+        ("def sync():\n    dist.barrier()", "sync()", "AIF002"),
+        ("def report(msg):\n    logger.info(msg, in_order=True)", "report('x')", "AIF001"),
+        ("def sync():\n    with timer():\n        accelerator.wait_for_everyone()", "sync()", "AIF002"),
+        ("def sync():\n    try:\n        dist.barrier()\n    finally:\n        pass", "sync()", "AIF002"),
+        (
+            "class T:\n    def sync(self):\n        dist.barrier()\n    def step(self):\n        if self.rank == 0:\n            self.sync()",
+            "",
+            "AIF002",
+        ),
+    ],
+    ids=["collective", "in-order", "in-with", "in-try", "method-on-self"],
+)
+def test_a_helper_that_certainly_makes_a_collective_counts_as_it(helper, call, code):
+    body = helper + (f"\nif accelerator.is_main_process:\n    {call}" if call else "")
+    assert findings(body) == [(body.count("\n") + 1, code)]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "def sync(flag):\n    if flag:\n        dist.barrier()\nif accelerator.is_main_process:\n    sync(True)",
+        "def sync(n):\n    if n == 0:\n        return\n    dist.barrier()\nif accelerator.is_main_process:\n    sync(1)",
+        "def sync():\n    for _ in range(2):\n        dist.barrier()\nif accelerator.is_main_process:\n    sync()",
+        "def inner():\n    dist.barrier()\ndef outer():\n    inner()\nif accelerator.is_main_process:\n    outer()",
+        "def sync():\n    dist.barrier()\nif accelerator.is_main_process:\n    sync()\nelse:\n    dist.barrier()",
+        "def sync():\n    dist.barrier()\nsync()",
+        "def save():\n    torch.save(model, 'x')\nif accelerator.is_main_process:\n    save()",
+        "def sync():\n    f = lambda: dist.barrier()\nif accelerator.is_main_process:\n    sync()",
+        "def sync(xs):\n    [dist.barrier() for _ in xs]\nif accelerator.is_main_process:\n    sync([])",
+        "def sync(x):\n    x and dist.barrier()\nif accelerator.is_main_process:\n    sync(0)",
+        "class A:\n    def sync(self):\n        dist.barrier()\nclass B:\n    def sync(self):\n        pass\n"
+        + "    def step(self):\n        if self.rank == 0:\n            self.sync()",
+    ],
+    ids=["behind-a-parameter", "after-an-early-return", "in-a-loop", "two-deep", "balanced", "every-rank"]
+    + ["no-collective", "in-a-lambda", "in-a-comprehension", "behind-and", "ambiguous-method"],
+)
+def test_a_helper_that_may_not_make_the_collective_or_is_balanced_is_silent(body):
+    assert findings(body) == []
+
+
+def test_noqa_silences_a_helper_call_and_a_parameter_guard(tmp_path):
+    path = _write(
+        tmp_path,
+        "t.py",
+        """
+        def sync():
+            dist.barrier()
+        def step(rank):
+            if rank == 0:
+                sync()  # noqa: AIF002
+            if rank == 1:
+                dist.barrier()  # noqa: AIF002
+    """,
+    )
+    assert _run([path])[0] == 0
+
+
+def _package(tmp_path, helper_import):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "utils.py").write_text("def checkpoint(accelerator, out):\n    accelerator.save_state(out)\n")
+    train = _write(
+        pkg,
+        "train.py",
+        f"""
+        {helper_import}
+        def main(out):
+            if accelerator.is_main_process:
+                checkpoint(accelerator, out)
+    """,
+    )
+    return pkg, train
+
+
+@pytest.mark.parametrize(
+    "helper_import", ["from .utils import checkpoint", "from pkg.utils import checkpoint", "from . import utils"]
+)
+def test_a_helper_from_a_file_given_together_is_followed_and_a_file_alone_is_not(tmp_path, helper_import):
+    pkg, train = _package(tmp_path, helper_import)
+    if helper_import.endswith("import utils"):
+        train.write_text(train.read_text().replace("checkpoint(accelerator", "utils.checkpoint(accelerator"))
+    code, out, _ = _run([pkg], "json")
+    [finding] = json.loads(out)
+    assert code == 1 and finding["path"] == str(train) and finding["code"] == "AIF003"
+    assert "calls `accelerator.save_state()` (utils.py:2)" in finding["message"] and finding["callee_line"] == 2
+    assert _run([train])[:2] == (0, "")  # alone, the helper it imports is not read
+
+
+def test_a_chain_from_a_parameter_names_both_links():
+    finding = only("""
+        def f(rank):
+            is_zero = rank == 0
+            if is_zero:
+                dist.barrier()
+    """)
+    assert finding.source == (
+        f"`is_zero` is bound from `rank == 0` at line {OFFSET + 3}, "
+        f"and `rank` is a parameter named for a rank or main-process flag (line {OFFSET + 2})"
+    )
+
+
+def test_a_relative_import_from_above_the_root_is_not_followed_and_does_not_crash(tmp_path):
+    pkg, train = _package(tmp_path, "from " + "." * 64 + "utils import checkpoint")
+    assert _run([pkg])[:2] == (0, "")

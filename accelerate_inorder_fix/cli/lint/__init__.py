@@ -11,8 +11,10 @@ nothing from the files it checks, nor torch or accelerate) and reports, in flake
 A call on a rank-dependent path is reported only when the paths through its function are unbalanced for
 its kind (the balancing rule, in `paths`).
 
-`rank` says what a rank-dependent value and a collective are, `walker` which paths are rank-dependent,
-`paths` whether the ranks' paths balance,
+`sources` lists the rank sources (every name read as a rank or a main-process flag, in one place), `rank` says
+what a rank-dependent value and a collective are, `helpers` which of the user's own functions certainly make a
+collective (a call to one counts as it: one call deep), `walker` which paths are rank-dependent, `paths`
+whether the ranks' paths balance,
 `report` reads files and prints; `flake8_plugin` serves the same checks to `flake8 --select AIF`.
 """
 

@@ -18,8 +18,10 @@ DESCRIPTION = (
     "Read Python files (directories recursively) with `ast`, importing nothing from them, and "
     "report in flake8's format each in_order log call (AIF001), known collective (AIF002) and call that is "
     "collective under DeepSpeed or FSDP (AIF003, `save_state`...) on a "
-    "rank-dependent path: under `if accelerator.is_main_process:`, after `if rank != 0: return`, in a "
-    "function decorated `@accelerator.on_main_process`... `# noqa: AIF001` silences a line. Exit codes: 0 "
+    "rank-dependent path: under `if accelerator.is_main_process:`, `if args.local_rank in [-1, 0]:`, after `if "
+    "rank != 0: return`, in a function decorated `@accelerator.on_main_process`...; also a call there to your "
+    "own function that makes one (files given together: their functions too). Each finding names its rank "
+    "source. `# noqa: AIF001` silences a line. Exit codes: 0 "
     "nothing found, 1 findings, 2 a path that cannot be read or parsed (the rest is still checked)."
 )
 

@@ -22,7 +22,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from . import rank
+from . import rank, sources
+from .sources import Binding
 
 
 WORLD = 4
@@ -31,12 +32,10 @@ _LIVE, _DONE, _SKIP = 0, 1, 2  # a rank still running the block; returned or rai
 _MAX_ATOMS = 6  # rank-dependent and mixed unknowns tried in every combination: at most 2**6 worlds
 _MAX_STATES = 512
 _EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
-_ZERO = frozenset({"is_main_process", "is_local_main_process", "is_global_zero"})
-_ZERO |= {"is_world_process_zero", "is_local_process_zero"}
 _UNKNOWN = object()
 _MATCH: tuple[type[ast.AST], ...] = tuple(getattr(ast, name) for name in ("Match",) if hasattr(ast, name))
 
-Definitions = Mapping[str, Optional[ast.expr]]  # rank-dependent names; their one defining value, if one
+Definitions = Mapping[str, Binding]  # rank-dependent names: their one defining value, if one, and origin
 Vector = tuple[tuple[int, int], ...]  # (count, status) for each scenario
 Counter = Callable[[ast.Call], bool]  # whether a call is of the kind being counted
 
@@ -81,16 +80,24 @@ class Context:
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             items = [self.value(e, scen, depth + 1) for e in node.elts]
             return _UNKNOWN if _UNKNOWN in items else tuple(items)
-        if rank.is_rank_source(node, self.imports):
-            return _rank_value(node, scen.rank)
+        kind = rank.source_kind(node, self.imports)
+        if kind is not None:
+            return sources.value_for(kind, scen.rank, WORLD)
         if isinstance(node, ast.Name):
-            known = self.names.get(node.id, self.backend_names.get(node.id))
-            return _UNKNOWN if known is None else self.value(known, scen, depth + 1)
+            return self._name_value(node.id, scen, depth)
         if isinstance(node, (ast.Attribute, ast.Call)):
             found = _backend_value(node, scen)
             if found is not _UNKNOWN or isinstance(node, ast.Attribute):
                 return found
         return self._compound(node, scen, depth)
+
+    def _name_value(self, name: str, scen: Scenario, depth: int) -> object:
+        """A rank name's one value (a parameter or unpacked flag by its name's kind), or a backend name's."""
+        binding = self.names.get(name)
+        if binding is not None and sources.is_named_source(binding, name):
+            return sources.value_for(sources.RANK_NAMES[name], scen.rank, WORLD)
+        known = binding.value if binding is not None else self.backend_names.get(name)
+        return _UNKNOWN if known is None else self.value(known, scen, depth + 1)
 
     def _compound(self, node: ast.expr, scen: Scenario, depth: int) -> object:
         """Comparisons, arithmetic, `and`/`or`, a rank-side conditional expression, `int(...)`: by their parts."""
@@ -170,15 +177,6 @@ def _names_backend(node: ast.AST) -> bool:
         or isinstance(node, ast.Constant)
         and node.value in words
     )
-
-
-def _rank_value(node: ast.expr, rank_: int) -> object:
-    name = rank.last_name(node)
-    if name in _ZERO:
-        return rank_ == 0
-    if name == "is_last_process":
-        return rank_ == WORLD - 1
-    return rank_
 
 
 _PLUGINS = {"fsdp_plugin": "FSDP", "deepspeed_plugin": "DEEPSPEED"}

@@ -1,9 +1,10 @@
 """What a single expression means to the lint: a rank-dependent value, a collective call, an in_order call.
 
 Every rule here errs towards silence. A value counts as rank-dependent only when it certainly differs
-between ranks (`accelerator.is_main_process`, `dist.get_rank()`, `os.environ["RANK"]`, a name assigned only
-from such values, and `not`/`and`/`or`/comparisons/arithmetic over them); a check that is the same on every
-rank, such as `local_rank != -1` ("are we distributed?"), does not count. A call counts as a collective only
+between ranks: a rank source of `sources` (`accelerator.is_main_process`, `args.local_rank`, `dist.get_rank()`,
+`is_master(cfg)`, `os.environ["RANK"]`), a name bound only from such values, and `not`/`and`/`or`/comparisons/
+arithmetic over them; a check that is the same on every rank, such as `local_rank != -1` ("are we
+distributed?"), does not count. A call counts as a collective only
 when its name cannot belong to something else: `gather` and `reduce` only on an accelerator or from
 `accelerate`, `barrier` and `broadcast` only from `torch.distributed` or a module known to be it under another
 name (`deepspeed.comm`); an unknown module named `dist` is not. AIF003's methods (`save_state`...) count on an
@@ -13,26 +14,12 @@ accelerator only: `Accelerator()`, a parameter annotated so, or a name or attrib
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Optional, Union
 
+from .sources import RANK, RANK_NAMES, RANK_PREDICATES, RANK_VARIABLES
 
-RANK_ATTRIBUTES = frozenset(
-    {"is_main_process", "is_local_main_process", "is_last_process", "process_index", "local_process_index"}
-    | {"is_global_zero"}  # Lightning's trainer and strategy
-)
-# Attributes that are a rank only on the receivers that define them so: Lightning's `self.global_rank`
-# (a LightningModule, a callback's trainer); `args.global_rank` could be a setting, so it does not count.
-RANK_ATTRIBUTES_ON = {"global_rank": frozenset({"self", "trainer"})}
-RANK_FUNCTIONS = frozenset({"get_rank", "get_local_rank", "is_world_process_zero", "is_local_process_zero"})
-RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK"})
-RANK_DECORATORS = frozenset(
-    {"on_main_process", "on_local_main_process", "on_process", "on_last_process", "rank_zero_only"}
-)
-# Every identifier a rank-dependent value starts from: a file that spells none of them has no finding.
-_RANK_WORDS = sorted(RANK_ATTRIBUTES | set(RANK_ATTRIBUTES_ON) | RANK_FUNCTIONS | RANK_VARIABLES | RANK_DECORATORS)
-_MENTIONS_RANK = re.compile("|".join(_RANK_WORDS).encode())
+
 LOG_METHODS = frozenset({"debug", "info", "warning", "error", "critical", "exception", "log", "warning_once"})
 # Names no other common library uses for something that is not a collective: counted on any receiver.
 ACCELERATE_ONLY = frozenset({"wait_for_everyone", "gather_for_metrics", "pad_across_processes"})
@@ -63,11 +50,6 @@ STATE_COLLECTIVES = {
 }
 # Wrappers that keep a value's rank-dependence: int(os.environ["RANK"]) is as rank-dependent as the string.
 _TRANSPARENT_CALLS = frozenset({"int", "bool", "str"})
-
-
-def mentions_rank(source: bytes) -> bool:
-    """Whether the source spells a rank source at all (a fast test: most files of a codebase do not)."""
-    return _MENTIONS_RANK.search(source) is not None
 
 
 def dotted(node: ast.expr) -> Optional[list[str]]:
@@ -230,20 +212,23 @@ def _names_rank_variable(args: list[ast.expr]) -> bool:
 
 def is_rank_source(node: ast.expr, imports: Mapping[str, str]) -> bool:
     """An atom whose value is the rank or depends on it, before any combination."""
+    return source_kind(node, imports) is not None
+
+
+def source_kind(node: ast.expr, imports: Mapping[str, str]) -> Optional[str]:
+    """The kind (`sources.RANK`, `ZERO`, `LAST`) of an atom that is a rank source, or None."""
     if isinstance(node, ast.Attribute):
-        if node.attr in RANK_ATTRIBUTES_ON:
-            return last_name(node.value) in RANK_ATTRIBUTES_ON[node.attr]
-        return node.attr in RANK_ATTRIBUTES
+        return RANK_NAMES.get(node.attr)
     if isinstance(node, ast.Subscript):  # os.environ["RANK"]
-        return _is_environ(node.value, imports) and _names_rank_variable([node.slice])
+        return RANK if _is_environ(node.value, imports) and _names_rank_variable([node.slice]) else None
     if not isinstance(node, ast.Call):
-        return False
+        return None
     name = last_name(node.func)
-    if name in RANK_FUNCTIONS:
-        return True
+    if name in RANK_PREDICATES:
+        return RANK_PREDICATES[name]
     if isinstance(node.func, ast.Attribute) and name == "get" and _is_environ(node.func.value, imports):
-        return _names_rank_variable(node.args)
-    return qualified(node.func, imports) == "os.getenv" and _names_rank_variable(node.args)
+        return RANK if _names_rank_variable(node.args) else None
+    return RANK if qualified(node.func, imports) == "os.getenv" and _names_rank_variable(node.args) else None
 
 
 # `0 <= rank` reads as `rank >= 0`: the operator seen from the rank's side.

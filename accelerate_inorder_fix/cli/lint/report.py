@@ -16,7 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional, TextIO
 
-from .rank import mentions_rank
+from .helpers import Package
+from .sources import mentions_rank
 from .walker import CODES, Finding, check_tree
 
 
@@ -54,14 +55,17 @@ def is_suppressed(finding: Finding, lines: Sequence[str]) -> bool:
     return any(finding.code.startswith(code.upper()) for code in re.split(r"[,\s]+", codes) if code)
 
 
-def check_file(path: str) -> list[Finding]:
-    """The findings of one file that `# noqa` leaves; raises OSError, SyntaxError or ValueError (bad bytes)."""
+def check_file(path: str, package: Optional[Package] = None) -> list[Finding]:
+    """The findings of one file that `# noqa` leaves; raises OSError, SyntaxError or ValueError (bad bytes).
+
+    `package` holds the functions of the files checked with it: a call imported from one is followed.
+    """
     source = Path(path).read_bytes()
     tree = ast.parse(source, filename=path)  # honours the file's encoding declaration
     if not mentions_rank(source):
         return []  # parsed all the same: a file that does not parse is reported whatever it says
     lines = source.decode(_encoding(source), errors="replace").splitlines()
-    return [f for f in check_tree(tree, lines) if not is_suppressed(f, lines)]
+    return [f for f in check_tree(tree, lines, path, package) if not is_suppressed(f, lines)]
 
 
 def _encoding(source: bytes) -> str:
@@ -126,11 +130,14 @@ def run(
     start = time.perf_counter()
     found: list[tuple[str, Finding]] = []
     files = unreadable = 0
-    for path, problem in python_files(paths):
+    listed = list(python_files(paths))
+    given = [path for path, problem in listed if problem is None]
+    package = Package(given) if len(given) > 1 else None
+    for path, problem in listed:
         try:
             if problem is not None:
                 raise FileNotFoundError(problem)
-            findings = check_file(path)
+            findings = check_file(path, package)
         except (OSError, SyntaxError, ValueError) as error:
             unreadable += 1
             err.write(_why(path, error) + "\n")

@@ -23,8 +23,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from . import paths, rank
+from . import helpers, paths, rank, sources
 from .paths import Definitions
+from .sources import Binding
 
 
 IN_ORDER, COLLECTIVE, STATE = "AIF001", "AIF002", "AIF003"
@@ -46,13 +47,15 @@ class Reason:
     line: int
     membership: bool = False
     decorated: bool = False
+    source: str = ""  # which rank source makes the condition rank-dependent, as a sentence
 
-    def inner(self, where: str, condition: str, line: int, membership: bool) -> Reason:
-        """A nested rank-dependent condition: its own text, this one's flags kept."""
-        return Reason(where, condition, line, membership or self.membership, self.decorated)
+    def inner(self, where: str, condition: str, line: int, membership: bool, source: str) -> Reason:
+        """A nested rank-dependent condition: its own text and source, this one's flags kept."""
+        return Reason(where, condition, line, membership or self.membership, self.decorated, source)
 
     def describe(self) -> str:
-        return f"{self.where} `{self.condition}` (line {self.line})"
+        where = f"{self.where} `{self.condition}` (line {self.line})"
+        return f"{where}, where {self.source}" if self.source else where
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class Finding:
     message: str
     condition: str
     condition_line: int
+    source: str = ""  # the rank source that makes the condition rank-dependent
+    callee_line: Optional[int] = None  # for a call to the user's own function: the collective's line in it
 
 
 def _text(node: ast.AST) -> str:
@@ -148,30 +153,91 @@ class _Index:
 
 
 def rank_names(
-    binders: Iterable[ast.AST], params: Iterable[str], inherited: Definitions, walker: _Walker
+    binders: Iterable[ast.AST], params: Sequence[ast.arg], inherited: Definitions, walker: _Walker
 ) -> Definitions:
-    """Names of this scope bound only by `name = <rank-dependent value>` (plus the enclosing scope's, unless
-    rebound), each with its value when it has exactly one (`paths` evaluates it for each rank)."""
-    assigned: dict[str, list[ast.expr]] = {}
-    other = set(params)
+    """Names of this scope that hold a rank-dependent value, each with its one value (if one) and origin.
+
+    A name is one when every binding of it in the scope is `name = <rank-dependent value>` (also element by
+    element in `a, b = x, y`); when it is a parameter, or unpacked from a call (`rank, world = init()`), and
+    its own name is in `sources.RANK_NAMES`; or when the enclosing scope's is and this one does not rebind it.
+    """
+    bound = _Bindings()
     for node in binders:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, ast.Name):
-                    assigned.setdefault(target.id, []).append(node.value)
-        else:
-            other.update(_other_names(node))
-        other.update(_other_stores(node))
-    tainted = {k: v for k, v in inherited.items() if k not in other and k not in assigned}
+        bound.add(node)
+    parameters = {a.arg for a in params}
+    tainted = {k: v for k, v in inherited.items() if k not in bound.names() | parameters}
+    tainted.update(_named_sources(bound, params))
+    unsure = bound.other | set(bound.unpacked) | parameters  # bound otherwise than by `name = value`
     changed = True
     while changed:  # a = dist.get_rank(); b = a == 0: b is rank-dependent once a is known to be
         changed = False
-        for name, values in assigned.items():
-            if name not in tainted and name not in other and all(walker.rank_dependent(v, tainted) for v in values):
-                tainted[name] = values[0] if len(values) == 1 else None
+        for name, values in bound.assigned.items():
+            if name not in tainted and name not in unsure and all(walker.rank_dependent(v, tainted) for v in values):
+                only = values[0] if len(values) == 1 else None
+                tainted[name] = Binding(only, walker.origin(name, values[0], tainted))
                 changed = True
     return tainted
+
+
+def _named_sources(bound: _Bindings, params: Sequence[ast.arg]) -> dict[str, Binding]:
+    """Parameters and names unpacked from a call that are rank sources by their name, if bound no other way."""
+    found = {}
+    for arg in params:
+        if arg.arg in sources.RANK_NAMES and arg.arg not in bound.names():
+            origin = f"`{arg.arg}` is a parameter named for a rank or main-process flag (line {arg.lineno})"
+            found[arg.arg] = sources.named_source(arg.arg, origin)
+    parameters = {a.arg for a in params}
+    for name, value in bound.unpacked.items():
+        if name not in bound.other | set(bound.assigned) | parameters:
+            origin = f"`{name}` is bound from `{_text(value)}` at line {value.lineno}"
+            found[name] = sources.named_source(name, origin)
+    return found
+
+
+class _Bindings:
+    """A scope's binding nodes sorted: plain `name = value` (element-wise through tuples), names unpacked from
+    a call whose own name is a rank name, and every other name bound (loop targets, imports, `+=`...)."""
+
+    def __init__(self) -> None:
+        self.assigned: dict[str, list[ast.expr]] = {}
+        self.unpacked: dict[str, ast.expr] = {}
+        self.other: set[str] = set()
+
+    def names(self) -> set[str]:
+        """Every name the scope binds, in any way."""
+        return self.other | set(self.assigned) | set(self.unpacked)
+
+    def add(self, node: ast.AST) -> None:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                self.bind(target, node.value)
+        else:
+            self.other.update(_other_names(node))
+            self.other.update(_other_stores(node))
+
+    def bind(self, target: ast.expr, value: ast.expr) -> None:
+        """`x = v`; `a, b = x, y` pair by pair; `rank, world = f()` by name; anything else is another binding."""
+        if isinstance(target, ast.Name):
+            self.assigned.setdefault(target.id, []).append(value)
+        elif _pairs(target, value):
+            for elt, part in zip(getattr(target, "elts"), getattr(value, "elts")):
+                self.bind(elt, part)
+        elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, ast.Call):
+            for elt in target.elts:
+                if isinstance(elt, ast.Name) and elt.id in sources.RANK_NAMES and elt.id not in self.unpacked:
+                    self.unpacked[elt.id] = value
+                else:
+                    self.other.update(n.id for n in ast.walk(elt) if isinstance(n, ast.Name))
+        else:
+            self.other.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+
+
+def _pairs(target: ast.expr, value: ast.expr) -> bool:
+    """Whether `target = value` is `a, b = x, y`: two tuples (or lists) of one length, nothing starred."""
+    if not (isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List))):
+        return False
+    starred = any(isinstance(e, ast.Starred) for e in (*target.elts, *value.elts))
+    return not starred and len(target.elts) == len(value.elts)
 
 
 _BINDERS: tuple[type[ast.AST], ...] = (
@@ -195,10 +261,8 @@ def _other_names(node: ast.AST) -> Iterator[str]:
 
 def _other_stores(node: ast.AST) -> Iterator[str]:
     """Names bound by anything but a plain `name = value`: loop targets, unpacking, `with ... as`, `+=`, `:=`."""
-    if isinstance(node, ast.Assign):
-        targets: list[ast.expr] = [t for t in node.targets if not isinstance(t, ast.Name)]
-    elif isinstance(node, (ast.For, ast.AsyncFor, ast.AugAssign)):
-        targets = [node.target]
+    if isinstance(node, (ast.For, ast.AsyncFor, ast.AugAssign)):
+        targets: list[ast.expr] = [node.target]
     elif isinstance(node, ast.AnnAssign):
         targets = [] if node.value is not None and isinstance(node.target, ast.Name) else [node.target]
     elif isinstance(node, ast.withitem) and node.optional_vars is not None:
@@ -213,11 +277,9 @@ def _other_stores(node: ast.AST) -> Iterator[str]:
                 yield sub.id
 
 
-def _parameters(node: Union[FunctionNode, ast.Lambda]) -> Iterator[str]:
+def _parameters(node: Union[FunctionNode, ast.Lambda]) -> list[ast.arg]:
     args = node.args
-    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
-        if arg is not None:
-            yield arg.arg
+    return [a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a is not None]
 
 
 @dataclass(frozen=True)
@@ -228,17 +290,28 @@ class _Candidate:
     code: str
     reason: Reason
     scope: int  # index into _Walker.scopes
+    reached: Optional[helpers.Reach] = None  # the collective a call to the user's own function makes
 
 
 class _Walker:
     """One module's walk: the file's imports and accelerator names, the scopes seen and the candidates."""
 
-    def __init__(self, tree: ast.Module, lines: Optional[Sequence[str]] = None) -> None:
+    def __init__(
+        self,
+        tree: ast.Module,
+        lines: Optional[Sequence[str]] = None,
+        path: str = "",
+        package: Optional[helpers.Package] = None,
+    ) -> None:
         self.index = _Index.of(tree, lines)
         self.imports = rank.import_table(self.index.nodes)
         self.accelerators = rank.accelerator_names(self.index.nodes)
         self.scopes: list[tuple[Sequence[ast.stmt], Definitions]] = []
         self.candidates: list[_Candidate] = []
+        self.functions = helpers.functions(tree)
+        self.path, self.package = path, package
+        self.from_imports = helpers.from_imports(tree) if package is not None else {}
+        self._reaches: dict[str, Optional[helpers.Reach]] = {}
 
     def rank_dependent(self, node: ast.expr, tainted: Definitions) -> bool:
         return rank.is_rank_dependent(node, self.imports, tainted)
@@ -248,16 +321,53 @@ class _Walker:
         return None if kind is None else _code_of_kind(kind)
 
     def kind_of(self, call: ast.Call) -> Optional[str]:
-        """What the balancing rule counts: "in_order", a collective's name (and group), a state method's name."""
-        if rank.is_in_order_call(call):
-            return "in_order"
-        name = rank.collective_name(call, self.imports, self.accelerators)
-        if name:
-            group = next((k.value for k in call.keywords if k.arg == "group"), None)
-            suffix = "" if group is None else f"[group={ast.unparse(group)}]"
-            return "collective:" + _BARRIERS.get(name, name) + suffix
-        state = rank.state_collective(call, self.accelerators)
-        return f"state:{state}" if state else None
+        """What the balancing rule counts: the call's own kind, or the one its callee certainly makes."""
+        kind = helpers.call_kind(call, self.imports, self.accelerators)
+        if kind is not None:
+            return kind
+        reached = self.reach_of(call)
+        return None if reached is None else reached.kind
+
+    def reach_of(self, call: ast.Call) -> Optional[helpers.Reach]:
+        """The collective a call to the user's own function certainly makes (one call deep), or None."""
+        name = ".".join(rank.dotted(call.func) or [])
+        if name not in self._reaches:
+            self._reaches[name] = None  # a function calling itself is not followed into
+            self._reaches[name] = self._find_reach(call.func, name)
+        return self._reaches[name]
+
+    def _find_reach(self, func: ast.expr, name: str) -> Optional[helpers.Reach]:
+        if name in self.functions:
+            return helpers.reach(self.functions[name], self.imports, self.accelerators)
+        imported = helpers.imported_function(func, self.from_imports)
+        if imported is None or self.package is None:
+            return None
+        return self.package.lookup(self.path, *imported)
+
+    def origin(self, name: str, value: ast.expr, tainted: Definitions) -> str:
+        """`RANK` is bound from `lm.rank` at line 3; for a chain, also where the name it is bound from came from."""
+        here = f"`{name}` is bound from `{_text(value)}` at line {value.lineno}"
+        atom = self.source_atom(value, tainted)
+        return f"{here}, and {tainted[atom.id].origin}" if isinstance(atom, ast.Name) else here
+
+    def source_of(self, expr: ast.expr, tainted: Definitions) -> str:
+        """The sentence naming the rank source that makes `expr` rank-dependent (its first one), or ""."""
+        atom = self.source_atom(expr, tainted)
+        if isinstance(atom, ast.Name):
+            return tainted[atom.id].origin
+        return "" if atom is None else sources.describe_atom(atom)
+
+    def source_atom(self, expr: ast.expr, tainted: Definitions) -> Optional[ast.expr]:
+        """The first rank source in `expr` (of `a and b`, in its first rank-dependent part): a rank name or atom."""
+        if isinstance(expr, ast.BoolOp):
+            part = next((v for v in expr.values if self.rank_dependent(v, tainted)), None)
+            return None if part is None else self.source_atom(part, tainted)
+        for node in ast.walk(expr):
+            if isinstance(node, ast.Name) and node.id in tainted:
+                return node
+            if isinstance(node, ast.expr) and rank.is_rank_source(node, self.imports):
+                return node
+        return None
 
     def walk(self, body: Sequence[ast.stmt], reason: Optional[Reason], tainted: Definitions) -> None:
         """Walk a function's (or the module's) body as a scope of its own."""
@@ -302,8 +412,11 @@ class _Walker:
                 self.scan(expr, reason, tainted)
         inner: Optional[Reason] = None  # a function body runs where it is called, not where it is defined
         for decorator in node.decorator_list:
-            if rank.last_name(decorator) in rank.RANK_DECORATORS:
-                inner = Reason("in a function decorated", f"@{_text(decorator)}", decorator.lineno, decorated=True)
+            if rank.last_name(decorator) in sources.RANK_DECORATORS:
+                source = f"`{rank.last_name(decorator)}` is a rank decorator"
+                inner = Reason(
+                    "in a function decorated", f"@{_text(decorator)}", decorator.lineno, False, True, source
+                )
         names = rank_names(self.index.binders.get(id(node), ()), _parameters(node), tainted, self)
         self.walk(node.body, inner, names)
 
@@ -322,10 +435,10 @@ class _Walker:
         return joined if len(joined) <= _MAX_CONDITION else joined[: _MAX_CONDITION - 3] + "..."
 
     def reason(self, outer: Optional[Reason], where: str, text: str, test: ast.expr, tainted: Definitions) -> Reason:
-        membership = self.is_membership(test, tainted)
+        membership, source = self.is_membership(test, tainted), self.source_of(test, tainted)
         if outer is None:
-            return Reason(where, text, test.lineno, membership)
-        return outer.inner(where, text, test.lineno, membership)
+            return Reason(where, text, test.lineno, membership, source=source)
+        return outer.inner(where, text, test.lineno, membership, source)
 
     def is_membership(self, test: ast.expr, tainted: Definitions) -> bool:
         """`rank in ranks`, `rank not in ranks`, also inside `and`/`not`: the rank tested against a set."""
@@ -404,10 +517,8 @@ class _Walker:
             return
         if code == COLLECTIVE and reason.membership and any(k.arg == "group" for k in call.keywords):
             return  # a group's collective under a membership test: only the members take part
-        self.candidates.append(_Candidate(call, code, reason, self.scope))
-
-
-_BARRIERS = {"wait_for_everyone": "barrier", "torch.distributed.barrier": "barrier"}
+        direct = helpers.call_kind(call, self.imports, self.accelerators) is not None
+        self.candidates.append(_Candidate(call, code, reason, self.scope, None if direct else self.reach_of(call)))
 
 
 def _code_of_kind(kind: str) -> Optional[str]:
@@ -432,32 +543,44 @@ def _judge(walker: _Walker) -> Iterator[Finding]:
             backends = list(_BACKENDS) if paths.balanced(body, ctx, counts) is False else []
         for cand in cands:
             if backends or cand.reason.decorated:
-                yield _finding(cand, backends or list(_BACKENDS))
+                yield _finding(cand, kind, backends or list(_BACKENDS))
 
 
-def _finding(cand: _Candidate, backends: Sequence[str]) -> Finding:
-    """The finding's message: what the call is, why only some ranks reach it, and for AIF003 how to fix it."""
-    call, reason = cand.call, cand.reason
+def _finding(cand: _Candidate, kind: str, backends: Sequence[str]) -> Finding:
+    """The finding's message: what the call is (or the collective its callee makes), why only some ranks reach
+    it and which rank source says so, and for AIF003 how to fix it."""
+    call, reason, reached = cand.call, cand.reason, cand.reached
     callee = _text(call.func)
     where = f"on a rank-dependent path: {reason.describe()}"
+    fix = "every rank must reach it"
     if cand.code == IN_ORDER:
-        message = f"`{callee}(..., in_order=True)` is an in_order log call {where}; every rank must reach it"
+        what, text = "an in_order log call", f"`{callee}(..., in_order=True)`"
     elif cand.code == COLLECTIVE:
-        message = f"`{callee}()` is a collective {where}; every rank must reach it"
+        what, text = "a collective", f"`{callee}()`"
     else:
-        names = dict(zip(_BACKENDS, rank.STATE_COLLECTIVES[rank.last_name(call) or ""]))
-        under = " and ".join(names[b] for b in backends)
+        names = dict(zip(_BACKENDS, rank.STATE_COLLECTIVES[kind.split(":", 1)[1]]))
         covered = [names[b] for b in _BACKENDS if b not in backends]
         lets = f" (the condition lets every rank through under {covered[0]} only)" if covered else ""
-        message = (
-            f"`{callee}()` is collective under {under}, {where}{lets}; "
-            "call it on every rank, and write files on the main process only"
-        )
-    return Finding(call.lineno, call.col_offset + 1, cand.code, message, reason.condition, reason.line)
+        what, text = "collective under " + " and ".join(names[b] for b in backends) + ",", f"`{callee}()`"
+        where, fix = where + lets, "call it on every rank, and write files on the main process only"
+    if reached is None:
+        message = f"{text} is {what} {where}; {fix}"
+    else:
+        message = f"`{callee}()` calls `{reached.call}` ({reached.where()}), which is {what} {where}; {fix}"
+    line = None if reached is None else reached.line
+    return Finding(
+        call.lineno, call.col_offset + 1, cand.code, message, reason.condition, reason.line, reason.source, line
+    )
 
 
-def check_tree(tree: ast.Module, lines: Optional[Sequence[str]] = None) -> list[Finding]:
-    """The findings of one parsed module, in source order; its source lines, if given, spare a full walk."""
-    walker = _Walker(tree, lines)
+def check_tree(
+    tree: ast.Module, lines: Optional[Sequence[str]] = None, path: str = "", package: Optional[helpers.Package] = None
+) -> list[Finding]:
+    """The findings of one parsed module, in source order; its source lines, if given, spare a full walk.
+
+    `path` and `package` (the functions of the files given with it) let a call to a function imported from
+    one of those files count as the collective that function makes.
+    """
+    walker = _Walker(tree, lines, path, package)
     walker.walk(tree.body, None, rank_names(walker.index.binders.get(id(tree), ()), (), {}, walker))
     return sorted(_judge(walker), key=lambda f: (f.line, f.col, f.code))
