@@ -382,7 +382,8 @@ def test_flake8_runs_the_same_checks_through_the_plugin(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout.splitlines() == [
         f"{path}:{line}:5: AIF002 `dist.barrier()` is a collective on a rank-dependent "
-        f"path: under `if accelerator.is_main_process:` (line {line - 1}); every rank must reach it"
+        f"path: under `if accelerator.is_main_process:` (line {line - 1}), where `accelerator.is_main_process` "
+        "is a rank attribute; every rank must reach it"
     ]
 
 
