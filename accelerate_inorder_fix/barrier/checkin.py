@@ -104,7 +104,7 @@ class Call:
     @classmethod
     def parse(cls, marker: bytes) -> Optional[Call]:
         site, _, k = marker.decode("utf-8", "replace").rpartition("/")
-        return cls(site, int(k)) if site and k.isdigit() else None
+        return cls(site, int(k)) if site and k.isascii() and k.isdigit() else None  # '²'.isdigit() too
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class Verdict:
             fields = json.loads(blob[len(SKIP) :]) if blob.startswith(SKIP) else {}
             missing = {int(q): str(m) for q, m in fields["missing"].items()}
             return cls(False, str(fields["why"]), int(fields["by"]), missing, str(fields["other"]))
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):  # a forged deep nesting too
             return cls(False, "damaged")
 
 
@@ -191,6 +191,7 @@ class CheckIn:
         self.woken = False  # the latest check-in's wait ended on a write to this rank's wake key (`_wake_key`)
         self.on_wake: Optional[Callable[[Call], None]] = None  # of the latest check-in (`verdict`)
         self.untidy: Optional[Call] = None  # the latest check-in wrote its go, and has deletions to make
+        self.stalled = False  # the latest check-in counted every arrival at its deadline, but found no verdict
 
     def verdict(self, site: Site, timeout: float, on_wake: Optional[Callable[[Call], None]] = None) -> Verdict:
         """Check this process's next call at `site` in, and return the verdict every rank follows.
@@ -207,12 +208,15 @@ class CheckIn:
         state.before, state.last = state.last, self.calls
         call = Call(state.name, state.count)
         self.deadline, self.woken, self.on_wake, self.untidy = self.clock() + timeout, False, on_wake, None
+        self.stalled = False
         try:
             verdict = self._check_in(call, self.deadline, timeout)
         except Exception:  # noqa: BLE001 -- the store failed under us: one more try, on a new connection
             verdict = self._after_failure(call)
         if verdict.go:
             self.absent.clear()  # every rank was here
+            if self.stalled:
+                self._suspect(call, timeout)
         else:
             state.retired = True
             if verdict.why == "timeout":
@@ -228,9 +232,27 @@ class CheckIn:
 
     def named(self, rank: int) -> None:
         """`rank` did not hand over its turn (`handoff`): absent, like a rank a timed-out call named, until
-        it checks in somewhere again. Its wait was the call's whole timeout: no patience is added."""
+        it checks in somewhere again. Its wait was the call's whole timeout: no patience is added, and
+        what this call waited past its deadline comes off what is left (a death costs 1.5 T in all)."""
         if rank not in self.absent:
             self.absent[rank] = self._peek(MARK + str(rank)).decode("utf-8", "replace")
+        self.patience = max(0.0, self.patience - max(0.0, self.clock() - self.deadline))
+
+    def during_turn(self, record: Callable[[], None]) -> None:
+        """`record()`, this rank's turn, with this call's state kept: a log handler may make an in_order
+        call of its own in it, whose check-in would otherwise leave its deadline, wake and deletions here."""
+        kept = self.deadline, self.woken, self.on_wake, self.untidy, self.stalled
+        try:
+            record()
+        finally:
+            self.deadline, self.woken, self.on_wake, self.untidy, self.stalled = kept
+
+    def _suspect(self, call: Call, timeout: float) -> None:
+        """`call` went at this rank's deadline, by a `go` its last arrival never wrote: that rank stopped
+        between its count and its `go` (it died). Every other rank is absent until it checks in again,
+        with half a timeout of patience: the one that stopped costs 1.5 T in all, as one named missing."""
+        self.absent.update((q, call.marker.decode()) for q in range(self.world_size) if q != self.rank)
+        self.patience = timeout / 2
 
     # -- one call ---------------------------------------------------------------------------------
 
@@ -239,7 +261,10 @@ class CheckIn:
         arrived = int(self.store.add(call.counter, 1))
         last = call.k * self.world_size
         if arrived == last:  # its turn may come next (rank 1's is the chain's first): deletions after it
-            return Verdict.decode(self._decide(call, GO, tidy_later=True))
+            blob = self._decide(call, GO, tidy_later=True)
+            if blob != GO:  # given up before this rank came: no turns, so no `tidy_up`
+                self._forget_handoff(call)
+            return Verdict.decode(blob)
         if not last - self.world_size < arrived < last:  # a counter someone else wrote to
             return Verdict.decode(self._give_up(call, "damaged", {}))
         self._forget_handoff(call)
@@ -277,7 +302,8 @@ class CheckIn:
         if blob is None:
             blob = self._read_verdict(call, deadline)
         if blob is None:
-            if self._count(call) == call.k * self.world_size:  # all came: the last one's `go` is on its way
+            if self._count(call) == call.k * self.world_size:  # all came, yet the last one wrote no `go`
+                self.stalled = True
                 return self._decide(call, GO)
             return self._give_up(call, "timeout", self._missing(call))
         return blob
@@ -294,15 +320,21 @@ class CheckIn:
         reading it): it stays, with the retired site."""
         blob = bytes(self.store.compare_set(call.key, "", verdict))
         if blob != verdict:
+            if blob != GO and Verdict.decode(blob).why == "damaged":  # junk, whose writer woke nobody: we do
+                self._wake_all(call)
             return blob
-        if verdict != GO:  # wake the ranks that wait at a handoff key instead
-            for q in range(1, self.world_size):
-                self.store.set(call.handoff(q), SKIPPED)
+        if verdict != GO:
+            self._wake_all(call)
         elif tidy_later:
             self.untidy = call
         elif call.k > 1:
             self.store.delete_key(Call(call.site, call.k - 1).key)
         return blob
+
+    def _wake_all(self, call: Call) -> None:
+        """A skip: wake the ranks that wait at a handoff key, not at the verdict key (`_wake_key`)."""
+        for q in range(1, self.world_size):
+            self.store.set(call.handoff(q), SKIPPED)
 
     def _after_failure(self, call: Call) -> Verdict:
         """The store failed mid-call: on a fresh connection, give the call up (or read the verdict that
@@ -422,21 +454,38 @@ class CheckIn:
         """Of two calls waiting for each other, the one to give up.
 
         The ranks at `other` passed `ours` by, or `ours` is a call they never make: so if, in this
-        rank's last round, `ours`'s site came before `other`'s, and `other` is this rank's next call
-        there, `ours` is the one they skipped. Without that history (the first round), the call fewer
-        ranks made; on a tie, the one the lowest rank waits at (main-process-only calls are the usual
+        rank's last round, `ours`'s site came before `other`'s (a site never made before counts as
+        earliest), and `other` is this rank's next call there, `ours` is the one they skipped. Without
+        any history (neither site made before: the first round), the call at the earlier line when
+        both sites are in one file (one step's code runs down the file); else the call fewer ranks
+        made, and on a tie the one the lowest rank waits at (main-process-only calls are the usual
         mistake). Ranks at `other` decide the same from their own history.
         """
-        mine = self._state(ours.site)
-        theirs = self._state(other.site)
-        if mine is not None and theirs is not None and theirs.count == other.k - 1 and mine.before and theirs.last:
-            return ours if mine.before < theirs.last else other
+        mine, theirs = self._state(ours.site), self._state(other.site)
+        before = mine.before if mine is not None else 0
+        count, last = (theirs.count, theirs.last) if theirs is not None else (0, 0)
+        if count == other.k - 1 and (before or last):
+            return ours if before < last else other
+        earlier = _earlier_line(ours.site, other.site)
+        if earlier is not None:
+            return ours if earlier == ours.site else other
         if (len(here), min(here)) <= (len(there), min(there)):
             return ours
         return other
 
     def _state(self, name: str) -> Optional[_SiteState]:
         return next((s for s in self.sites.values() if s.name == name), None)
+
+
+def _earlier_line(a: str, b: str) -> Optional[str]:
+    """Of two site names (`site_name`) in one file, the one at the earlier line; None otherwise."""
+    ours, theirs = a.rsplit(":", 2), b.rsplit(":", 2)
+    if len(ours) != 3 or len(theirs) != 3 or ours[0] != theirs[0]:
+        return None
+    lines = [int(p[1]) if p[1].isascii() and p[1].isdigit() else -1 for p in (ours, theirs)]
+    if min(lines) < 0 or lines[0] == lines[1]:
+        return None
+    return a if lines[0] < lines[1] else b
 
 
 def is_timeout(exc: Exception) -> bool:

@@ -59,7 +59,7 @@ def turn_on_wake(side: CheckIn, record: Callable[[], None]) -> Optional[Callable
         return None
 
     def take_turn(call: Call) -> None:
-        record()
+        side.during_turn(record)
         side.store.set(call.handoff(side.rank), HANDED)
 
     return take_turn
@@ -74,7 +74,7 @@ class Handoff:
     """One rank's turns of one `go` call.
 
     Attributes:
-        named: the rank this one named for not handing over (None: the chain held).
+        named: the first rank this one named for not handing over (None: the chain held).
     """
 
     def __init__(self, side: CheckIn, call: Call, timeout: float) -> None:
@@ -91,7 +91,7 @@ class Handoff:
                 if not self.woken:
                     if self.rank > 1:
                         self._receive(self.rank - 1)
-                    record()
+                    self.side.during_turn(record)
                     self.side.store.set(self.call.handoff(self.rank), HANDED)
             self.side.tidy_up()
             if self.rank < self.last and not (self.rank == 0 and self.woken):
@@ -124,12 +124,16 @@ class Handoff:
         return True
 
     def _first_missing(self, m: int) -> Optional[int]:
-        """The first rank, up to `m`, whose handoff is not in the store; None when all are (rank m's came just now)."""
+        """The first rank, up to `m`, whose handoff is not in the store; None when all are (rank m's came just now).
+        Past this rank's own turn: a break before it is one this rank has stepped over (it named it, or
+        the rank after it did), and is waited for no more."""
         store = self.side.store
-        return next((q for q in range(1, m + 1) if not store.check([self.call.handoff(q)])), None)
+        first = self.rank + 1 if m > self.rank else 1
+        return next((q for q in range(first, m + 1) if not store.check([self.call.handoff(q)])), None)
 
     def _give_up(self, missing: int) -> None:
-        self.named = missing
+        if self.named is None:
+            self.named = missing
         self.side.named(missing)
         then = "takes its turn and hands over" if self.rank > missing else "returns"
         warn_once(
