@@ -130,7 +130,7 @@ def _file_name(frame: Any) -> str:
     """The file of `frame` as its module's path under its import root (`pkg/sub/train.py`), the same on every
     host whatever the absolute paths; two files of one basename differ there. A script (`__main__`), or
     code without a module, is named by its basename."""
-    base = os.path.basename(frame.f_code.co_filename)
+    base: str = os.path.basename(frame.f_code.co_filename)
     module = getattr(frame, "f_globals", {}).get("__name__")
     if not isinstance(module, str) or module == "__main__":
         return base
