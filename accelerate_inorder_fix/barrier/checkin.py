@@ -302,8 +302,8 @@ class CheckIn:
         if blob is None:
             blob = self._read_verdict(call, deadline)
         if blob is None:
-            if self._count(call) == call.k * self.world_size:  # all came, yet the last one wrote no `go`
-                self.stalled = True
+            if self._count(call) == call.k * self.world_size:  # all came: the `go` is ours to write if it is not there
+                self.stalled = not self.store.check([call.key])  # its last arrival stopped before it (`_suspect`)
                 return self._decide(call, GO)
             return self._give_up(call, "timeout", self._missing(call))
         return blob
