@@ -37,11 +37,14 @@ calls there are logged at once, without the store. A rank that missed call k com
 with its own count k (every earlier call there went, so it made those), finds the `skip`, and retires
 the site too: call numbers never drift apart, and the divergence costs one wait, once.
 
-Three shortcuts keep that one wait short:
+Four shortcuts keep that one wait short:
 - a rank arriving after the `skip` reads it at once (the retired call's key is never deleted);
 - ranks a timed-out call named missing are *absent* until they check in somewhere again: calls
   that find one still absent wait for it half a timeout in all, then give up at once (`_absent`):
   a rank that skipped a whole step, or died, costs 1.5 T, and one a little late is still waited for;
+- a rank that counts all N arrivals at its deadline and finds no verdict writes the `go` itself: the
+  last arrival stopped between its count and its `go`, so every other rank is absent until it checks in
+  again (`_suspect`), and the stopped one costs 1.5 T in all, as one a timeout named;
 - halfway through a wait, a rank looks where the missing ranks wait (`w/<q>`): if they wait at
   another call that is waiting for us (a wait-for cycle: rank 0 at a main-only call, the others at
   the next call), one of the two is given up, the call the others skipped (`_first`).

@@ -30,13 +30,17 @@ the first rank whose handoff is missing (`check`, which wakes nobody). If that i
 for, it names it, takes its turn and hands over, so the ranks after it go on at once. If the break is
 further up, the rank right after the break is doing just that: it waits a quarter of T more for it, so
 the survivors' records stay in rank order and one rank names the one that broke the chain (every rank
-waiting for the last one, when that was the last). So a call waits T at most, 1.25 T past a break,
-1.5 T when it also came late. The named rank is *absent* for the check-in (`CheckIn.named`): until it
+waiting for the last one, when that was the last). A break before a rank's own turn is one it has
+stepped over: its wait for the last rank looks only past itself (`_first_missing`). So a call waits T at
+most, 1.25 T past a break, 1.5 T when it also came late. The named rank is *absent* for the check-in (`CheckIn.named`): until it
 checks in again, the next call gives up at once instead of waiting for it again.
 
 **Junk in a handoff key** wakes its waiter, which takes its turn: that call's order may not hold (a
 rank that waited for its turn after its check-in says so once); no record is lost or repeated, no
 wait grows. Junk there before any verdict gives the call up ("damaged").
+
+**A log handler may log in_order** in its rank's turn: that call's check-in runs inside this one, so the
+turn keeps this call's state (`CheckIn.during_turn`).
 """
 
 from __future__ import annotations
