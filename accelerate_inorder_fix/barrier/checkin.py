@@ -323,9 +323,7 @@ class CheckIn:
         reading it): it stays, with the retired site."""
         blob = bytes(self.store.compare_set(call.key, "", verdict))
         if blob != verdict:
-            if blob != GO and Verdict.decode(blob).why == "damaged":  # junk, whose writer woke nobody: we do
-                self._wake_all(call)
-            return blob
+            return self._junk_wakes(call, blob)
         if verdict != GO:
             self._wake_all(call)
         elif tidy_later:
@@ -338,6 +336,13 @@ class CheckIn:
         """A skip: wake the ranks that wait at a handoff key, not at the verdict key (`_wake_key`)."""
         for q in range(1, self.world_size):
             self.store.set(call.handoff(q), SKIPPED)
+
+    def _junk_wakes(self, call: Call, blob: bytes) -> bytes:
+        """`blob`, the verdict read; junk there (a skip no rank wrote, so none woke the others) wakes them:
+        a decided call costs nobody a wait."""
+        if blob != GO and Verdict.decode(blob).why == "damaged":
+            self._wake_all(call)
+        return blob
 
     def _after_failure(self, call: Call) -> Verdict:
         """The store failed mid-call: on a fresh connection, give the call up (or read the verdict that
@@ -375,7 +380,9 @@ class CheckIn:
             self.on_wake(call)
         self.woken = True
         blob = peek(self.store, call.key)  # there: every write to a wake key follows the verdict
-        return blob if blob is not None else self._give_up(call, "damaged", {})  # junk woke us, before any verdict
+        if blob is None:  # junk woke us, before any verdict
+            return self._give_up(call, "damaged", {})
+        return self._junk_wakes(call, blob)
 
     def wait_for(self, key: str, deadline: float) -> bool:
         """Whether a write to `key` ends this rank's wait before `deadline`.
@@ -435,7 +442,7 @@ class CheckIn:
         others skipped (`_first`): ours (its verdict returned) or theirs (None: we wait on)."""
         markers = self._markers()
         if self.store.check([call.key]):  # decided meanwhile: read it, give nothing else up
-            return bytes(self.store.get(call.key))
+            return self._junk_wakes(call, bytes(self.store.get(call.key)))
         here = {self.rank} | {q for q, m in markers.items() if m == call.marker}
         elsewhere: dict[bytes, set[int]] = {}
         for q, m in markers.items():
