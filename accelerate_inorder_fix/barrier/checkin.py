@@ -218,14 +218,14 @@ class CheckIn:
             verdict = self._after_failure(call)
         if verdict.go:
             self.absent.clear()  # every rank was here
-            if self.stalled:
-                self._suspect(call, timeout)
         else:
             state.retired = True
             if verdict.why == "timeout":
                 self.patience = timeout / 2
             if verdict.why in ("timeout", "absent"):
                 self.absent.update((q, m) for q, m in verdict.missing.items() if q != self.rank)
+        if self.stalled:
+            self._suspect(call, timeout)
         return verdict
 
     def last_call(self, site: Site) -> Call:
@@ -251,9 +251,10 @@ class CheckIn:
             self.deadline, self.woken, self.on_wake, self.untidy, self.stalled = kept
 
     def _suspect(self, call: Call, timeout: float) -> None:
-        """`call` went at this rank's deadline, by a `go` its last arrival never wrote: that rank stopped
-        between its count and its `go` (it died). Every other rank is absent until it checks in again,
-        with half a timeout of patience: the one that stopped costs 1.5 T in all, as one named missing."""
+        """At this rank's deadline every rank had come to `call` but one stopped (died) between two of its
+        writes: its count and its `go` (the `go` is written for it), or its marker and its count (the call
+        is given up, naming nobody). Which one is not known: every other rank is absent until it checks in
+        again, with half a timeout of patience, so the one that stopped costs 1.5 T in all."""
         self.absent.update((q, call.marker.decode()) for q in range(self.world_size) if q != self.rank)
         self.patience = timeout / 2
 
@@ -308,7 +309,9 @@ class CheckIn:
             if self._count(call) == call.k * self.world_size:  # all came: the `go` is ours to write if it is not there
                 self.stalled = not self.store.check([call.key])  # its last arrival stopped before it (`_suspect`)
                 return self._decide(call, GO)
-            return self._give_up(call, "timeout", self._missing(call))
+            missing = self._missing(call)
+            self.stalled = not missing  # every rank's marker is here, not every count: one stopped between them
+            return self._give_up(call, "timeout", missing)
         return blob
 
     def _give_up(self, call: Call, why: str, missing: dict[int, str], other: Optional[Call] = None) -> bytes:

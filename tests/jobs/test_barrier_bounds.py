@@ -136,6 +136,18 @@ def test_a_rank_stopped_between_its_count_and_its_go_costs_the_other_one_and_a_h
     assert "rank(s) 0 had not made it, missing since an earlier in_order call" in done.stderr, done.stderr[-3000:]
 
 
+def test_a_rank_stopped_between_its_marker_and_its_count_costs_the_other_one_and_a_half_timeouts():
+    """The same, rank 0 stopped after its marker, before its count: call 3 is given up at T naming nobody, and
+    rank 0 is then absent (f0a0bfc: 2.5 T: nobody was absent, call 4 waited T to name it)."""
+    done = torchrun(["stall_after_marker"], 2, "1.15.0")
+    assert done.killed is None and done.returncode == TORCHRUN_FAILED, (done, done.stderr[-3000:])
+    seconds = results(done.lines, "stall_after_marker", "seconds")
+    assert set(seconds) == {1} and T <= seconds[1] < 1.5 * T + MARGIN, seconds
+    found = records(done.lines, "stall_after_marker")
+    assert sorted(found) == sorted([(c, r) for c in (1, 2) for r in (0, 1)] + [(3, 1), (4, 1), (101, 1), (102, 1)])
+    assert "every rank came to it, but one stopped in its check-in" in done.stderr, done.stderr[-3000:]
+
+
 @pytest.mark.parametrize("version", ["1.15.0", "1.12.0"])
 def test_no_call_waits_over_one_and_a_half_timeouts_with_two_ranks_dead_in_their_turns(version):
     """4 ranks: ranks 1 and 3 stop in their turns of call 3; rank 2 learns the `go` at its deadline. It names

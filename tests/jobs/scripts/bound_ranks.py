@@ -200,12 +200,12 @@ def twins(r):
 # -- cases that kill ranks ---------------------------------------------------------------------------
 
 
-class StopAfterCount:
-    """The store, as rank 0 sees it: when its `add` at `counter` makes it the call's last arrival, the rank
-    dies there, before it writes the `go`."""
+class StopAfter:
+    """The store, as rank 0 sees it: the rank stops (dies) right after one write of its check-in of a call:
+    its `add` at the counter that makes it the last arrival (before its `go`), or its marker (before its count)."""
 
-    def __init__(self, store, counter, last):
-        self.store, self.counter, self.last = store, counter, last
+    def __init__(self, store, counter, last, marker):
+        self.store, self.counter, self.last, self.marker = store, counter, last, marker
 
     def __getattr__(self, name):
         return getattr(self.store, name)
@@ -216,32 +216,47 @@ class StopAfterCount:
             stop()
         return value
 
+    def set(self, key, value):
+        self.store.set(key, value)
+        if self.marker is not None and value == self.marker:
+            stop()
+
 
 def stall_after_add(r):
     """2 ranks. Rank 0 comes last to call 3 of a site and stops (dies) between its count and its `go`. Rank 1's calls
     from then on (calls 3 and 4 there, two calls at another site) wait 1.5 T in all."""
+    _stall(r, "stall_after_add", after_marker=False)
+
+
+def stall_after_marker(r):
+    """The same, rank 0 stopped between its marker and its count: the call is given up naming nobody."""
+    _stall(r, "stall_after_marker", after_marker=True)
+
+
+def _stall(r, case, after_marker):
     signal.signal(signal.SIGTERM, lambda *_: None)  # the agent's stop when rank 0 dies: finish first
 
     def stalled_call(call):
-        r.log.info(f"stall_after_add#{call} r{r.index}", in_order=True)
+        r.log.info(f"{case}#{call} r{r.index}", in_order=True)
 
     def other_call(call):
-        r.log.info(f"stall_after_add#{100 + call} r{r.index}", in_order=True)
+        r.log.info(f"{case}#{100 + call} r{r.index}", in_order=True)
 
     for call in (1, 2):
         stalled_call(call)
     r.all_reduce_sum()
     if r.index == 0:
         side, state = checkin(), site_of(stalled_call)
-        side.store = StopAfterCount(side.store, f"b/s/{state.name}/n", 3 * r.size)
+        marker = f"{state.name}/3".encode() if after_marker else None
+        side.store = StopAfter(side.store, f"b/s/{state.name}/n", 3 * r.size, marker)
         time.sleep(0.3)  # rank 1 first: rank 0 is the last arrival
     start = time.monotonic()
     for call in (3, 4):
         stalled_call(call)
     for call in (1, 2):
         other_call(call)
-    r.result("stall_after_add", "seconds", round(time.monotonic() - start, 3))
-    say(f"@@DONE stall_after_add r{r.index}")
+    r.result(case, "seconds", round(time.monotonic() - start, 3))
+    say(f"@@DONE {case} r{r.index}")
     sys.stderr.flush()
     os._exit(0)
 
@@ -284,7 +299,10 @@ def two_dead(r):
     os._exit(0)
 
 
-CASES = {f.__name__: f for f in (late_last, first_step_skip, junk_first, nested, twins, stall_after_add, two_dead)}
+CASES = {
+    f.__name__: f
+    for f in (late_last, first_step_skip, junk_first, nested, twins, stall_after_add, stall_after_marker, two_dead)
+}
 
 
 def main(names):
