@@ -166,7 +166,7 @@ def test_readme_quick_start_from_a_fresh_clone(tmp_path):
     only = " ".join(f"--scenario {name}" for name in CHECK_SCENARIOS)
     check = in_venv(f"accelerate-inorder-fix check --jobs 1 {only}", clone, env, timeout=CHECK_TIMEOUT)
     assert check.killed is None and check.returncode == 0, (check, check.lines, check.stderr[-3000:])
-    assert "1 at a time" in check.lines[0], check.lines
+    assert "1 at a time" in check.stderr.splitlines()[0], check.stderr
     rows = {
         row[0]: row[2:] for row in (re.split(r"\s{2,}", line) for line in check.lines) if row[0] in CHECK_SCENARIOS
     }
@@ -183,6 +183,8 @@ def test_readme_quick_start_from_a_fresh_clone(tmp_path):
     assert [match and match.group(1) for match in loaded] == ["0", "1"], job.lines
     hooked = sorted(line for line in job.lines if line.startswith("@@HOOK "))
     assert hooked == [f"@@HOOK rank={rank} of=2 patched=True" for rank in (0, 1)], job.lines
+    steps = {"install": install, "status": status, "check": check, "launch": job}
+    print(", ".join(f"{name} {step.elapsed:.0f} s" for name, step in steps.items()))  # shown by `pytest -s`
 
 
 @pytest.mark.parametrize("keep", [False, True])
