@@ -120,13 +120,31 @@ class GatherSide:
             try:
                 if self._outbox is None:  # at exit, after our side closed: nobody would read it
                     raise RuntimeError("the process is exiting")
-                if self._outbox.post(*records.encode(identity, record)):
+                payload, document = records.encode(identity, record)
+                if len(payload) > records.MAX_PAYLOAD:
+                    payload = self._shrink(identity, payload, document)
+                if self._outbox.post(payload, document):
                     return
                 _warn("the main process has finished; this rank prints its own in_order records from now on")
             except Exception as exc:  # undeliverable: print it here rather than lose it
                 _warn(f"gather mode could not send a record to the main process, printing it on this rank: {exc!r}")
             self._main_gone = True
         self._print_here(record)
+
+    def _shrink(self, identity: Identity, payload: bytes, document: list[Any]) -> bytes:
+        """A record too large for the store, cut to fit (`records.shrink`); one warning for each.
+
+        Sent whole, it would make the store reset this rank's connection, and every later record of
+        the rank would miss its block.
+        """
+        shrunk = records.shrink(document, len(payload))
+        warn_once(
+            ("gather-truncated", identity),
+            f"in_order call at {_collector.describe(identity)}: rank {self._origin.rank}'s record is "
+            f"{records.size_text(len(payload))} as sent, over gather mode's limit of "
+            f"{records.size_text(records.MAX_PAYLOAD)}; it was truncated (marked '... [truncated ...]')",
+        )
+        return shrunk
 
     @staticmethod
     def _print_here(record: Optional[logging.LogRecord]) -> None:

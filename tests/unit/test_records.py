@@ -514,3 +514,48 @@ def test_stamping_sets_rank_and_hostname_on_this_threads_records_only_and_drops_
     finally:
         logger.removeFilter(stamping)
     assert seen == [("mine", 3), ("another thread's", None)]  # the message is left as it was
+
+
+@pytest.mark.parametrize(
+    "text, lost",
+    [
+        ("x" * (20 * 10**6), "15.8 MB"),
+        ("\U0001f600" * 800_000, "1.8 MB"),
+        ("é" * (5 * 10**6), ""),
+        ('"' * (6 * 10**6), ""),
+    ],
+)
+def test_a_record_over_the_limit_is_cut_to_fit_with_a_marker_saying_how_much(text, lost):
+    """Emoji take 12 bytes each as JSON (3.2 MB of UTF-8 are 9.6 MB sent): the cut is by wire size, not length."""
+    payload, document = records.encode(IDENTITY, _record(msg=text, args=(), extra=_origin(1)))
+    assert len(payload) > records.MAX_PAYLOAD
+    shrunk = records.shrink(document, len(payload))
+    assert len(shrunk) <= records.MAX_PAYLOAD and shrunk == records.dumps(document)
+    assert len(shrunk) > records.MAX_PAYLOAD - 1024  # as much as fits is kept
+    _, got = records.from_bytes(shrunk, rank=1)
+    message = got.getMessage()
+    kept, marker = message.split("... [truncated ")
+    assert text.startswith(kept) and marker.endswith(" MB]") and lost in marker
+    assert (got.rank, got.hostname, got.name, got.levelno) == (1, "node-a", LOGGER, logging.INFO)
+
+
+def test_large_extra_data_and_tracebacks_are_cut_too_the_largest_first():
+    extra = {**_origin(1), "big_list": ["y" * 100] * 50_000, "small": "kept"}
+    record = _record(msg="short", args=(), extra=extra)
+    record.exc_text = "Traceback\n" + "frame\n" * 1_000_000
+    payload, document = records.encode(IDENTITY, record)
+    shrunk = records.shrink(document, len(payload))
+    assert len(payload) > records.MAX_PAYLOAD >= len(shrunk)
+    _, got = records.from_bytes(shrunk, rank=1)
+    assert got.big_list.startswith("<list value of ") and got.big_list.endswith("not sent: too large>")
+    assert (got.msg, got.small) == ("short", "kept")
+    assert got.exc_text.startswith("Traceback\nframe\n")
+
+
+def test_thousands_of_small_extras_over_the_limit_leave_the_record_its_message_and_origin():
+    extra = {**_origin(1), **{f"k{i}": "v" * 200 for i in range(30_000)}}
+    payload, document = records.encode(IDENTITY, _record(msg="short", args=(), extra=extra))
+    shrunk = records.shrink(document, len(payload))
+    assert len(payload) > records.MAX_PAYLOAD >= len(shrunk)
+    _, got = records.from_bytes(shrunk, rank=1)
+    assert got.msg.startswith("short") and "not sent: too large" in got.msg and not hasattr(got, "k1")
