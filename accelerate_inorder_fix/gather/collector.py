@@ -26,7 +26,9 @@ a few store round trips, not a few per rank.
 Emitting never raises and never stops a block: a handler or filter of the main process that raises
 loses that one record (one warning on stderr), as it would on the barrier path.
 
-Only the main process waits, and only for a bounded time, and absence is kept per call site. A rank
+Only the main process waits, and only for a bounded time: past a call's deadline it takes what has
+arrived without waiting, at most `LATE_READS` records a rank and for at most `GRACE` x the timeout, so a
+rank's backlog is read a little at each call and no call takes more than 1.25 timeouts. Absence is kept per call site. A rank
 that missed a deadline at site S is "absent" there: later calls at S do not wait for it (a call only the
 main process makes costs one timeout for its site in all, not one per call), but still take whatever
 it sent; it is waited for at S again as soon as a record of it for S arrives, in time or late. At
@@ -53,7 +55,10 @@ from .queues import Taken
 
 
 Block = dict[int, BlockEntry]  # one call's entries, by rank
-GRACE = 0.25  # x the timeout: how long in all a rank that went quiet is waited for at other call sites
+GRACE = 0.25  # x the timeout: how long in all a rank that went quiet is waited for at other call sites,
+# and how long past its deadline a call goes on taking what has arrived (at most LATE_READS records a rank)
+LATE_READS = 16
+INF = float("inf")
 
 
 @runtime_checkable
@@ -158,10 +163,21 @@ class Collector:
         self.quiet.pop(rank, None)
         self.absent.get(site, set()).discard(rank)
 
-    def _take_what_arrived(self, rank: int, current: Optional[Identity], block: Block) -> None:
-        """Take what `rank` has sent, without waiting, until its record of `current` is found."""
-        while rank not in block and self.source.ready(rank):
+    def _take_what_arrived(
+        self, rank: int, current: Optional[Identity], block: Block, most: Optional[int] = None, until: float = INF
+    ) -> None:
+        """Take what `rank` has sent, without waiting, until its record of `current` is found.
+
+        Args:
+            most: take at most this many records (None: all there are, as at exit).
+            until: take none after this `time.monotonic()`: a rank's backlog is left for later calls.
+        """
+        taken = 0
+        while rank not in block and (most is None or taken < most) and time.monotonic() < until:
+            if not self.source.ready(rank):
+                return
             self._route(rank, self.source.take(rank), current, block)
+            taken += 1
 
     def _take_after_wait(self, ranks: list[int], current: Identity, block: Block) -> None:
         """Take one record of each rank in `ranks` (all there), in one batch; it may be for another call."""
@@ -209,9 +225,11 @@ class Collector:
                 self._take_after_wait(waitable, identity, block)
             else:
                 given_up.update(r for r in waitable if self._until(r, start) <= until)
-        # Deadline passed (or only ranks not waited for are left): whatever has arrived, without waiting.
+        # Deadline passed (or only ranks not waited for are left): what has arrived, without waiting, and
+        # no more than LATE_READS a rank nor for longer than the grace: a rank's backlog waits for later calls.
+        until = time.monotonic() + GRACE * self.timeout
         for rank in [r for r in range(self.world_size) if r not in block]:
-            self._take_what_arrived(rank, identity, block)
+            self._take_what_arrived(rank, identity, block, LATE_READS, until)
         self._spend_grace(site, time.monotonic() - start)
         self.source.end_call()
 
