@@ -131,6 +131,19 @@ def _message(record: logging.LogRecord) -> str:
         return f"{_repr(record.msg)} % {_repr(record.args)} (could not be formatted: {type(exc).__name__}: {exc})"
 
 
+def settle_message(record: logging.LogRecord) -> None:
+    """The main process's own record, made printable as a rank's is sent: a message whose %-format fails
+    becomes the text `_message` gives, with no args, instead of a `--- Logging error ---` in a handler.
+
+    Args:
+        record: left as it is when its message formats.
+    """
+    try:
+        record.getMessage()
+    except Exception:
+        record.msg, record.args = _message(record), None
+
+
 def _repr(value: Any) -> str:
     try:
         return repr(value)

@@ -5,7 +5,9 @@ TCPStore refuses a request over 8 MiB and resets the rank's connection: before t
 9 MB record (and the 800,000 emoji, 9.6 MB as JSON) broke rank 1's connection, the main process waited
 the whole timeout for it, and from then on rank 1 printed its own records, out of order.
 
-One job (2 CPU ranks, accelerate 1.15.0, `ACCELERATE_INORDER_TIMEOUT=2`) runs scripts/big_records.py.
+One job (2 CPU ranks, accelerate 1.15.0, `ACCELERATE_INORDER_TIMEOUT=2`) runs scripts/big_records.py. Its
+last call's %-format fails: every rank's record arrives with the same "could not be formatted" note, the
+main process's own too (before, that one was lost to Python's `--- Logging error ---`).
 """
 
 import re
@@ -48,3 +50,12 @@ def test_records_over_the_store_limit_arrive_truncated_once_in_order_and_later_o
     (slowest,) = [float(line.split("=")[1]) for line in job.lines if line.startswith("@@RESULT r0 slowest=")]
     assert slowest < TIMEOUT, slowest  # no call waited out its deadline for a rank cut off from the store
     assert {line for line in job.lines if line.startswith("@@DONE")} == {"@@DONE r0", "@@DONE r1"}
+    # A message whose %-format fails reads the same from every rank, the main process's own included.
+    bad = [line for line in job.lines if "badformat %d" in line]
+    assert [
+        line.startswith(f"'[RANK {rank}] badformat %d' % ('x',) (could not be formatted: TypeError")
+        for rank, line in enumerate(bad)
+    ] == [True, True], bad
+    assert all(line.endswith(" by=r0") for line in bad) and "--- Logging error ---" not in job.stderr, job.stderr[
+        -3000:
+    ]

@@ -559,3 +559,40 @@ def test_thousands_of_small_extras_over_the_limit_leave_the_record_its_message_a
     assert len(payload) > records.MAX_PAYLOAD >= len(shrunk)
     _, got = records.from_bytes(shrunk, rank=1)
     assert got.msg.startswith("short") and "not sent: too large" in got.msg and not hasattr(got, "k1")
+
+
+def test_the_main_process_s_own_unformattable_record_reads_as_a_rank_s_does():
+    """Before, a rank's arrived with the note and the main process's own went to `--- Logging error ---`."""
+    own = _record(msg="%d items", args=("many",))
+    sent = _trip(_record(msg="%d items", args=("many",)))
+    records.settle_message(own)
+    assert own.getMessage() == sent.getMessage() and "could not be formatted" in own.getMessage()
+    fine = _record()
+    records.settle_message(fine)
+    assert (fine.msg, fine.args) == ("hello %s", ("world",))  # a record that formats is left as it is
+
+
+class _Unprintable:
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+def test_a_record_that_cannot_be_built_is_said_each_time_naming_its_call_and_rank(capsys):
+    """Before, once per text and naming no call: `a log record could not be built: RuntimeError(...)`."""
+    from accelerate_inorder_fix._diagnostics import DIAGNOSTICS
+    from accelerate_inorder_fix.gather import side
+
+    DIAGNOSTICS.reset()
+    adapter = logging.LoggerAdapter(logging.getLogger(LOGGER), {})
+    for count in (1, 2):
+        assert (
+            side._capture(
+                adapter, logging.INFO, _Unprintable(), (), {}, Origin(1, "node-a", False), (IDENTITY[0], count)
+            )
+            is None
+        )
+    lines = capsys.readouterr().err.splitlines()
+    DIAGNOSTICS.reset()
+    assert [line.split(": rank 1's record could not be built and is lost: ")[0] for line in lines] == [
+        f"accelerate-inorder-fix: in_order call at train.py:42 in step (call {count} from there)" for count in (1, 2)
+    ], lines

@@ -3,7 +3,8 @@
     ACCELERATE_INORDER_MODE=gather torchrun --nproc_per_node 2 big_records.py
 
 Every rank makes the same in_order calls: one record each of 1, 9 and 20 MB of ASCII and one of
-800,000 emoji (3.2 MB of UTF-8, 9.6 MB as JSON), then `AFTER` ordinary ones. A record line is
+800,000 emoji (3.2 MB of UTF-8, 9.6 MB as JSON), then `AFTER` ordinary ones, then one whose
+%-format fails (`logger.info("badformat %d", "x")`). A record line is
 `[RANK r] <name> r<rank> <body> by=r<k>`, k the rank of the process that wrote it (gather mode: 0).
 The main process reports `@@RESULT r0 slowest=<s>` (its slowest in_order call) and every rank
 `@@DONE r<rank>` after a checked `all_reduce`.
@@ -57,6 +58,7 @@ def main():
         start = time.monotonic()
         log.info(message, in_order=True)
         slowest = max(slowest, time.monotonic() - start)
+    log.info("badformat %d", "x", in_order=True)  # every rank's, the main process's own too: a note, no traceback
     if index == 0:
         say(f"@@RESULT r0 slowest={json.dumps(round(slowest, 3))}")
     value = torch.tensor([float(index + 1)])
