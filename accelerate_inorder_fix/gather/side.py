@@ -149,14 +149,13 @@ class GatherSide:
         self._print_here(record)
 
     def _shrink(self, identity: Identity, payload: bytes, document: list[Any]) -> bytes:
-        """A record too large for the store, cut to fit (`records.shrink`); one warning for each.
+        """A record too large for the store, cut to fit (`records.shrink`); a warning for each (rate-limited).
 
         Sent whole, it would make the store reset this rank's connection, and every later record of
         the rank would miss its block.
         """
         shrunk = records.shrink(document, len(payload))
-        warn_once(
-            ("gather-truncated", identity),
+        warn_every(
             f"in_order call at {_collector.describe(identity)}: rank {self._origin.rank}'s record is "
             f"{records.size_text(len(payload))} as sent, over gather mode's limit of "
             f"{records.size_text(records.MAX_PAYLOAD)}; it was truncated (marked '... [truncated ...]')",
