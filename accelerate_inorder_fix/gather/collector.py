@@ -26,7 +26,9 @@ a few store round trips, not a few per rank.
 Emitting never raises and never stops a block: a handler or filter of the main process that raises
 loses that one record (one warning on stderr), as it would on the barrier path.
 
-Only the main process waits, and only for a bounded time, and absence is kept per call site. A rank
+Only the main process waits, and only for a bounded time: past a call's deadline it takes what has
+arrived without waiting, at most `LATE_READS` records a rank and for at most `GRACE` x the timeout, so a
+rank's backlog is read a little at each call and no call takes more than 1.25 timeouts. Absence is kept per call site. A rank
 that missed a deadline at site S is "absent" there: later calls at S do not wait for it (a call only the
 main process makes costs one timeout for its site in all, not one per call), but still take whatever
 it sent; it is waited for at S again as soon as a record of it for S arrives, in time or late. At
@@ -44,7 +46,7 @@ from collections.abc import Iterable
 from typing import Callable, Optional, Protocol, runtime_checkable
 
 from .._callsite import Identity, Site
-from .._diagnostics import warn_once
+from .._diagnostics import warn_every
 from ..store.connection import SHORTEST_WAIT
 from . import copies as _copies
 from . import records as _records
@@ -53,7 +55,10 @@ from .queues import Taken
 
 
 Block = dict[int, BlockEntry]  # one call's entries, by rank
-GRACE = 0.25  # x the timeout: how long in all a rank that went quiet is waited for at other call sites
+GRACE = 0.25  # x the timeout: how long in all a rank that went quiet is waited for at other call sites,
+# and how long past its deadline a call goes on taking what has arrived (at most LATE_READS records a rank)
+LATE_READS = 16
+INF = float("inf")
 
 
 @runtime_checkable
@@ -146,7 +151,9 @@ class Collector:
             identity[0] in self.others_only and identity[0] not in self.made
         ):
             if record is not None:
-                self._emit(rank, _copies.build(record))  # late: its block is out, so it goes alone, not into another
+                self._emit(
+                    rank, identity, _copies.build(record)
+                )  # late: its block is out, so it goes alone, not into another
         else:
             self.pending.setdefault(identity, {})[rank] = record
             if identity[0] not in self.made:
@@ -158,10 +165,21 @@ class Collector:
         self.quiet.pop(rank, None)
         self.absent.get(site, set()).discard(rank)
 
-    def _take_what_arrived(self, rank: int, current: Optional[Identity], block: Block) -> None:
-        """Take what `rank` has sent, without waiting, until its record of `current` is found."""
-        while rank not in block and self.source.ready(rank):
+    def _take_what_arrived(
+        self, rank: int, current: Optional[Identity], block: Block, most: Optional[int] = None, until: float = INF
+    ) -> None:
+        """Take what `rank` has sent, without waiting, until its record of `current` is found.
+
+        Args:
+            most: take at most this many records (None: all there are, as at exit).
+            until: take none after this `time.monotonic()`: a rank's backlog is left for later calls.
+        """
+        taken = 0
+        while rank not in block and (most is None or taken < most) and time.monotonic() < until:
+            if not self.source.ready(rank):
+                return
             self._route(rank, self.source.take(rank), current, block)
+            taken += 1
 
     def _take_after_wait(self, ranks: list[int], current: Identity, block: Block) -> None:
         """Take one record of each rank in `ranks` (all there), in one batch; it may be for another call."""
@@ -209,9 +227,11 @@ class Collector:
                 self._take_after_wait(waitable, identity, block)
             else:
                 given_up.update(r for r in waitable if self._until(r, start) <= until)
-        # Deadline passed (or only ranks not waited for are left): whatever has arrived, without waiting.
+        # Deadline passed (or only ranks not waited for are left): what has arrived, without waiting, and
+        # no more than LATE_READS a rank nor for longer than the grace: a rank's backlog waits for later calls.
+        until = time.monotonic() + GRACE * self.timeout
         for rank in [r for r in range(self.world_size) if r not in block]:
-            self._take_what_arrived(rank, identity, block)
+            self._take_what_arrived(rank, identity, block, LATE_READS, until)
         self._spend_grace(site, time.monotonic() - start)
         self.source.end_call()
 
@@ -235,7 +255,7 @@ class Collector:
         self.pending.pop(identity, None)
         site, count = identity
         self.made[site] = max(count, self.made.get(site, 0))
-        self._emit_block(block)
+        self._emit_block(block, identity)
         for rank in block:
             self._hear(rank, site)
         missing = [r for r in range(self.world_size) if r not in block]
@@ -258,7 +278,7 @@ class Collector:
                 kept = sorted(identity for identity in self.pending if identity[0] == site)
                 ranks = sorted({rank for identity in kept for rank in self.pending[identity]})
                 for identity in kept:
-                    self._emit_block(self.pending.pop(identity))
+                    self._emit_block(self.pending.pop(identity), identity)
                 if not ranks:
                     continue
                 self.warn(
@@ -286,21 +306,22 @@ class Collector:
             if rank not in self._heard:
                 self.quiet.setdefault(rank, GRACE * self.timeout)
 
-    def _emit(self, rank: int, record: logging.LogRecord) -> None:
+    def _emit(self, rank: int, identity: Identity, record: logging.LogRecord) -> None:
         """Hand one record to the main process's handlers; a handler that raises loses only this one."""
         try:
             _records.emit(record)
         except Exception as exc:
-            self._dropped(rank, exc)
+            self._dropped(rank, identity, exc)
 
-    def _dropped(self, rank: int, exc: Exception) -> None:
-        warn_once(
-            ("gather-emit", type(exc)),
-            f"the main process's handlers raised on rank {rank}'s in_order record, which is dropped "
-            f"(the others are not): {exc!r}",
+    @staticmethod
+    def _dropped(rank: int, identity: Identity, exc: Exception) -> None:
+        """Say, each time (rate-limited), that a handler or filter of the main process raised on a record."""
+        warn_every(
+            f"in_order call at {describe(identity)}: rank {rank}'s record reached only the main process's "
+            f"handlers before the one that raised (the block's other records are not affected): {exc!r}"
         )
 
-    def _emit_block(self, block: Block) -> None:
+    def _emit_block(self, block: Block, identity: Identity) -> None:
         loggers: dict[str, logging.Logger] = {}  # one lookup per logger name, not per record: a block may hold 1,024
         for rank in sorted(block):
             entry = block[rank]
@@ -311,7 +332,7 @@ class Collector:
                 logger = loggers.get(record.name) or loggers.setdefault(record.name, _records.logger_for(record))
                 logger.callHandlers(record)
             except Exception as exc:
-                self._dropped(rank, exc)
+                self._dropped(rank, identity, exc)
 
     # -- exit -------------------------------------------------------------------------------
 
@@ -326,17 +347,38 @@ class Collector:
                 self._route(rank, item, None, {})
         leftovers = [(identity, block) for identity, block in self.pending.items() if block]
         self.pending.clear()
-        if not leftovers:
-            return
-        for _, block in leftovers:
-            self._emit_block(block)
-        self.warn(
-            "records of in_order calls the main process never made were emitted at exit: "
-            + "; ".join(
-                f"{describe(identity)} from rank(s) {', '.join(map(str, sorted(block)))}"
-                for identity, block in leftovers
-            )
+        for identity, block in leftovers:
+            self._emit_block(block, identity)
+        if leftovers:
+            self.warn(exit_summary(leftovers))
+
+
+SUMMARY_SITES = 5  # the exit warning names this many call sites, and the first SUMMARY_CALLS calls of each
+SUMMARY_CALLS = 3
+
+
+def exit_summary(leftovers: list[tuple[Identity, Block]]) -> str:
+    """The exit warning about calls the main process never made: a few lines, whatever their number.
+
+    One line per call site (the first `SUMMARY_SITES`): how many calls, from which ranks, the first few.
+
+    Args:
+        leftovers: `(identity, block)` of each such call, in the order they were kept.
+    """
+    by_site: dict[Site, list[tuple[int, Block]]] = {}
+    for (site, count), block in leftovers:
+        by_site.setdefault(site, []).append((count, block))
+    lines = [f"records of {len(leftovers)} in_order call(s) the main process never made were emitted at exit:"]
+    for site, calls in list(by_site.items())[:SUMMARY_SITES]:
+        ranks = sorted({rank for _, block in calls for rank in block})
+        counts = sorted(count for count, _ in calls)
+        first = ", ".join(map(str, counts[:SUMMARY_CALLS])) + (", ..." if len(counts) > SUMMARY_CALLS else "")
+        lines.append(
+            f"  {where(site)}: {len(calls)} call(s) from rank(s) {', '.join(map(str, ranks))} (calls {first})"
         )
+    if len(by_site) > SUMMARY_SITES:
+        lines.append(f"  and {len(by_site) - SUMMARY_SITES} more call site(s)")
+    return "\n".join(lines)
 
 
 def warning_record(name: str, text: str) -> logging.LogRecord:

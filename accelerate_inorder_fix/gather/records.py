@@ -131,6 +131,19 @@ def _message(record: logging.LogRecord) -> str:
         return f"{_repr(record.msg)} % {_repr(record.args)} (could not be formatted: {type(exc).__name__}: {exc})"
 
 
+def settle_message(record: logging.LogRecord) -> None:
+    """The main process's own record, made printable as a rank's is sent: a message whose %-format fails
+    becomes the text `_message` gives, with no args, instead of a `--- Logging error ---` in a handler.
+
+    Args:
+        record: left as it is when its message formats.
+    """
+    try:
+        record.getMessage()
+    except Exception:
+        record.msg, record.args = _message(record), None
+
+
 def _repr(value: Any) -> str:
     try:
         return repr(value)
@@ -342,3 +355,85 @@ def logger_for(record: logging.LogRecord) -> logging.Logger:
 def emit(record: logging.LogRecord) -> None:
     """Hand a record to the main process's handlers for its logger (its level already decided)."""
     logger_for(record).callHandlers(record)
+
+
+# The most bytes a rank's record may take on the wire. TCPStore refuses a request over 8 MiB
+# (8,388,608 bytes) and resets the rank's connection, after which that rank could send nothing more;
+# a record travels in two requests (its copy and its key), each a few dozen bytes longer than the
+# record. Half the store's limit leaves room for both and for whatever a later torch adds.
+MAX_PAYLOAD = 4 * 1024 * 1024
+_SMALL = 256  # a value at most this long on the wire is left whole by `shrink`
+_TWO_BYTE_ESCAPES = ('"', "\\", "\n", "\r", "\t")
+_KEPT_EXTRAS = ("rank", "hostname")  # what the main process checks on every record (`_check_origin`)
+
+
+def size_text(size: int) -> str:
+    """A byte count as people read it: `12.3 MB` (decimal), or bytes below a tenth of a megabyte."""
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
+
+
+def _cut(text: str, budget: int) -> str:
+    """`text` cut so that, with its marker, it takes at most `budget` bytes as JSON; the marker says how much went.
+
+    The JSON escaping of a character takes 1 to 12 bytes, so the cut is found in a few tries, each
+    scaling the prefix by how far its encoded length overshot.
+    """
+    room = budget - 40  # the marker's own bytes
+    keep = min(len(text), room)
+    while keep > 0:
+        size = len(dumps(text[:keep]))
+        if size <= room:
+            break
+        keep = min(keep - 1, keep * room // size)
+    lost = len(text[keep:].encode("utf-8", "surrogatepass"))
+    return f"{text[:keep]}... [truncated {size_text(lost)}]"
+
+
+def shrink(document: list[Any], size: int, limit: int = MAX_PAYLOAD) -> bytes:
+    """Cut `document`'s record (in place) until it encodes in at most `limit` bytes; those bytes.
+
+    The largest values go first: a text is cut and ends with `... [truncated 12.3 MB]`; other data
+    (a long list in `extra`) is replaced by a note saying so. What the main process relies on (the
+    record's name, level, origin) is never cut. Each value is encoded once to learn its size, and
+    the record once more at the end (`size`: its encoded size now, known from the caller's `encode`).
+
+    Args:
+        document: from `encode`; its record's values are replaced where cut.
+        size: `len(dumps(document))`.
+        limit: the most bytes the result may take.
+    """
+    values = document[3]
+    if values is None:
+        return dumps(document)
+    extras = values[-1]
+    places: list[Union[int, str]] = [_MSG, _EXC_TEXT, FIELDS.index("stack_info"), *extras]
+    sizes = {place: _encoded_size(values[place] if type(place) is int else extras[place]) for place in places}
+    for kept in _KEPT_EXTRAS:
+        sizes.pop(kept, None)
+    for place in sorted(sizes, key=sizes.__getitem__, reverse=True):
+        if size <= limit or sizes[place] <= _SMALL:
+            break
+        holder: Any = values if type(place) is int else extras
+        value = holder[place]
+        if type(value) is str:
+            holder[place] = _cut(value, max(_SMALL, sizes[place] - (size - limit)))
+        else:
+            holder[place] = f"<{type(value).__qualname__} value of {size_text(sizes[place])} not sent: too large>"
+        size += len(dumps(holder[place])) - sizes[place]
+    if size > limit:  # thousands of small extras: only what the main process needs is kept
+        values[-1] = {key: extras[key] for key in _KEPT_EXTRAS if key in extras}
+        values[_MSG] = _cut(values[_MSG], _SMALL) + " (its other attributes were not sent: too large)"
+    payload = dumps(document)
+    # An ASCII text's size was taken as its length: escapes (quotes, control characters) make it more.
+    return payload if len(payload) <= limit else shrink(document, len(payload), limit)
+
+
+def _encoded_size(value: Any) -> int:
+    """`len(dumps(value))`; for ASCII text, counted without encoding it (at most the true size).
+
+    A rank's record over the limit is encoded once already; encoding its 20 MB message again to
+    learn its size would double what the oversized call costs the rank.
+    """
+    if type(value) is str and value.isascii():  # escaped: these take two bytes, other control characters six
+        return len(value) + 2 + sum(map(value.count, _TWO_BYTE_ESCAPES))
+    return len(dumps(value))

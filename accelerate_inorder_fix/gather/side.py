@@ -14,7 +14,7 @@ import logging
 from typing import Any, Optional
 
 from .._callsite import Identity
-from .._diagnostics import warn_once
+from .._diagnostics import warn_every, warn_once
 from .._origin import Origin
 from ..store import connection
 from ..store.connection import Store
@@ -27,23 +27,38 @@ def _warn(text: str) -> None:
 
 
 def _capture(
-    adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], origin: Origin
+    adapter: Any,
+    level: int,
+    msg: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    origin: Origin,
+    identity: Optional[Identity] = None,
 ) -> Optional[logging.LogRecord]:
-    """`records.capture`, or None (one warning) when a filter or formatter raises: the call still counts."""
+    """`records.capture`, or None when building the record raises (a message whose `str` raises, an
+    `extra` naming a LogRecord attribute, a filter that raises): the call still counts, and the loss is
+    said, each time, naming the call (`identity`, if known) and the rank."""
     try:
         return records.capture(adapter, level, msg, args, kwargs, origin)
     except Exception as exc:
-        _warn(f"a log record could not be built: {exc!r}")
+        call = f"in_order call at {_collector.describe(identity)}" if identity else "an in_order call"
+        warn_every(f"{call}: rank {origin.rank}'s record could not be built and is lost: {exc!r}")
         return None
 
 
-def _print_here(record: Optional[logging.LogRecord]) -> None:
-    """This process's own handlers: for a record that cannot reach the main process."""
+def _print_here(record: Optional[logging.LogRecord], rank: int) -> None:
+    """This process's own handlers: for a record that cannot reach the main process.
+
+    A handler or filter that raises loses the record for the handlers after it: said each time.
+    """
     if record is not None:
         try:
             records.emit(record)
         except Exception as exc:
-            warn_once(("gather-emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+            warn_every(
+                f"in_order call at {record.filename}:{record.lineno} in {record.funcName}: rank {rank}'s record, "
+                f"printed on its own rank, reached only the handlers before the one that raised: {exc!r}"
+            )
 
 
 def print_in_child(
@@ -52,7 +67,7 @@ def print_in_child(
     """A forked child's in_order call (a DataLoader worker): printed here, since the store connection is its
     parent's. The child opens no side and touches no store, whenever it was forked."""
     _warn("a forked process prints its own in_order records (the store connection is its parent's)")
-    _print_here(_capture(adapter, level, msg, args, kwargs, origin))
+    _print_here(_capture(adapter, level, msg, args, kwargs, origin), origin.rank)
 
 
 class GatherSide:
@@ -90,8 +105,10 @@ class GatherSide:
         timeout: float,
     ) -> None:
         """One in_order call of this process: its record collected with the others' (main), or posted."""
-        record = _capture(adapter, level, msg, args, kwargs, self._origin)
+        record = _capture(adapter, level, msg, args, kwargs, self._origin, identity)
         if self._collector is not None:
+            if record is not None:
+                records.settle_message(record)  # a bad %-format shows as on the other ranks, not in a traceback
             self._collect(adapter, identity, record, timeout)
         else:
             self._post(identity, record)
@@ -120,7 +137,10 @@ class GatherSide:
             try:
                 if self._outbox is None:  # at exit, after our side closed: nobody would read it
                     raise RuntimeError("the process is exiting")
-                if self._outbox.post(*records.encode(identity, record)):
+                payload, document = records.encode(identity, record)
+                if len(payload) > records.MAX_PAYLOAD:
+                    payload = self._shrink(identity, payload, document)
+                if self._outbox.post(payload, document):
                     return
                 _warn("the main process has finished; this rank prints its own in_order records from now on")
             except Exception as exc:  # undeliverable: print it here rather than lose it
@@ -128,9 +148,22 @@ class GatherSide:
             self._main_gone = True
         self._print_here(record)
 
-    @staticmethod
-    def _print_here(record: Optional[logging.LogRecord]) -> None:
-        _print_here(record)
+    def _shrink(self, identity: Identity, payload: bytes, document: list[Any]) -> bytes:
+        """A record too large for the store, cut to fit (`records.shrink`); a warning for each (rate-limited).
+
+        Sent whole, it would make the store reset this rank's connection, and every later record of
+        the rank would miss its block.
+        """
+        shrunk = records.shrink(document, len(payload))
+        warn_every(
+            f"in_order call at {_collector.describe(identity)}: rank {self._origin.rank}'s record is "
+            f"{records.size_text(len(payload))} as sent, over gather mode's limit of "
+            f"{records.size_text(records.MAX_PAYLOAD)}; it was truncated (marked '... [truncated ...]')",
+        )
+        return shrunk
+
+    def _print_here(self, record: Optional[logging.LogRecord]) -> None:
+        _print_here(record, self._origin.rank)
 
     @property
     def outbox(self) -> Optional[queues.Outbox]:

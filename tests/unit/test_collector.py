@@ -376,3 +376,23 @@ def test_every_record_exactly_once_blocks_in_rank_order_waits_bounded(schedule):
 def _quiet_logger():
     yield
     logging.getLogger(LOGGER).handlers[:] = []
+
+
+def test_exit_warning_summarises_calls_the_main_process_never_made_in_a_few_lines():
+    """Before, one line listing every call: 729,000 characters at 10,000 calls."""
+    job = Job(3, timeout=0.5)
+    sites = [("train.py", f"only_others_{n}", 100 + n) for n in range(7)]
+    for count in range(1, 1001):
+        for rank in (1, 2):
+            job.post(rank, sites[0], count)
+    for site in sites[1:]:
+        job.post(1, site, 1)
+    job.flush()
+    assert len(job.during(("flush",))) == 2000 + 6
+    summary = job.warnings[-1]
+    lines = summary.splitlines()
+    assert len(summary) < 1000 and len(lines) == 1 + _collector.SUMMARY_SITES + 1, summary
+    assert lines[0].startswith("records of 1006 in_order call(s) the main process never made were emitted at exit")
+    assert lines[1] == "  train.py:100 in only_others_0: 1000 call(s) from rank(s) 1, 2 (calls 1, 2, 3, ...)"
+    assert lines[2] == "  train.py:101 in only_others_1: 1 call(s) from rank(s) 1 (calls 1)"
+    assert lines[-1] == "  and 2 more call site(s)"

@@ -14,6 +14,8 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from accelerate_inorder_fix import _diagnostics
+from accelerate_inorder_fix._diagnostics import DIAGNOSTICS
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import queues, records
 
@@ -109,6 +111,14 @@ def test_every_record_exactly_once_in_rank_order_within_the_bound(kept, world, c
         assert emitted[at : at + len(block)] == block, (plan, emitted)
 
 
+@pytest.fixture(autouse=True)
+def fresh_diagnostics():
+    """Each test a process that has said nothing (losses are rate-limited per process)."""
+    DIAGNOSTICS.reset()
+    yield
+    DIAGNOSTICS.reset()
+
+
 def test_a_raising_handler_loses_only_its_record(kept, capsys):
     class Refuse(logging.Filter):
         def filter(self, rec):
@@ -129,4 +139,46 @@ def test_a_raising_handler_loses_only_its_record(kept, capsys):
     finally:
         kept.removeFilter(refuse)
     assert kept.messages == ["c1 r0", "c1 r2", "c2 r0", "c2 r1", "c2 r2"]
-    assert capsys.readouterr().err.count("handlers raised on rank 1's in_order record") == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if "before the one that raised" in line]
+    assert len(said) == 1 and "rank 1's record reached only the main process's handlers" in said[0], said
+    assert f"in_order call at {_collector.describe(site(1))}" in said[0] and "a user's filter raised" in said[0]
+
+
+def test_a_filter_raising_on_every_record_is_said_for_every_record_naming_its_call_and_rank(kept, capsys):
+    """Before, one line per exception type: the 15 other losses of the same kind were silent."""
+
+    class RefuseAll(logging.Filter):
+        def filter(self, rec):
+            raise RuntimeError("a user's filter raised")
+
+    refuse = RefuseAll()
+    kept.addFilter(refuse)
+    try:
+        job = Job(4)
+        for call in range(1, 5):
+            for rank in (1, 2, 3):
+                job.post(call, rank)
+            job.collector.emit_call(site(call), record(call, 0))
+    finally:
+        kept.removeFilter(refuse)
+    said = [line for line in capsys.readouterr().err.splitlines() if "before the one that raised" in line]
+    assert kept.messages == []
+    expected = [
+        f"in_order call at {_collector.describe(site(call))}: rank {rank}'s record"
+        for call in range(1, 5)
+        for rank in range(4)
+    ]
+    assert [line.split(" reached only")[0].split(": ", 1)[1] for line in said] == expected, said
+
+
+def test_loss_lines_are_rate_limited_and_the_next_one_written_says_how_many_were_not(capsys, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(_diagnostics.time, "monotonic", lambda: now[0])
+    written = [_diagnostics.warn_every(f"loss {n}") for n in range(_diagnostics.BURST + 5)]
+    assert written == [True] * _diagnostics.BURST + [False] * 5
+    now[0] += _diagnostics.WINDOW
+    assert _diagnostics.warn_every("loss after")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == _diagnostics.BURST + 1
+    assert lines[_diagnostics.BURST - 1].endswith("are counted, not written)")
+    assert lines[-1].startswith("accelerate-inorder-fix: loss after (and 5 earlier loss(es) not written")

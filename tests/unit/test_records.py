@@ -514,3 +514,85 @@ def test_stamping_sets_rank_and_hostname_on_this_threads_records_only_and_drops_
     finally:
         logger.removeFilter(stamping)
     assert seen == [("mine", 3), ("another thread's", None)]  # the message is left as it was
+
+
+@pytest.mark.parametrize(
+    "text, lost",
+    [
+        ("x" * (20 * 10**6), "15.8 MB"),
+        ("\U0001f600" * 800_000, "1.8 MB"),
+        ("é" * (5 * 10**6), ""),
+        ('"' * (6 * 10**6), ""),
+    ],
+)
+def test_a_record_over_the_limit_is_cut_to_fit_with_a_marker_saying_how_much(text, lost):
+    """Emoji take 12 bytes each as JSON (3.2 MB of UTF-8 are 9.6 MB sent): the cut is by wire size, not length."""
+    payload, document = records.encode(IDENTITY, _record(msg=text, args=(), extra=_origin(1)))
+    assert len(payload) > records.MAX_PAYLOAD
+    shrunk = records.shrink(document, len(payload))
+    assert len(shrunk) <= records.MAX_PAYLOAD and shrunk == records.dumps(document)
+    assert len(shrunk) > records.MAX_PAYLOAD - 1024  # as much as fits is kept
+    _, got = records.from_bytes(shrunk, rank=1)
+    message = got.getMessage()
+    kept, marker = message.split("... [truncated ")
+    assert text.startswith(kept) and marker.endswith(" MB]") and lost in marker
+    assert (got.rank, got.hostname, got.name, got.levelno) == (1, "node-a", LOGGER, logging.INFO)
+
+
+def test_large_extra_data_and_tracebacks_are_cut_too_the_largest_first():
+    extra = {**_origin(1), "big_list": ["y" * 100] * 50_000, "small": "kept"}
+    record = _record(msg="short", args=(), extra=extra)
+    record.exc_text = "Traceback\n" + "frame\n" * 1_000_000
+    payload, document = records.encode(IDENTITY, record)
+    shrunk = records.shrink(document, len(payload))
+    assert len(payload) > records.MAX_PAYLOAD >= len(shrunk)
+    _, got = records.from_bytes(shrunk, rank=1)
+    assert got.big_list.startswith("<list value of ") and got.big_list.endswith("not sent: too large>")
+    assert (got.msg, got.small) == ("short", "kept")
+    assert got.exc_text.startswith("Traceback\nframe\n")
+
+
+def test_thousands_of_small_extras_over_the_limit_leave_the_record_its_message_and_origin():
+    extra = {**_origin(1), **{f"k{i}": "v" * 200 for i in range(30_000)}}
+    payload, document = records.encode(IDENTITY, _record(msg="short", args=(), extra=extra))
+    shrunk = records.shrink(document, len(payload))
+    assert len(payload) > records.MAX_PAYLOAD >= len(shrunk)
+    _, got = records.from_bytes(shrunk, rank=1)
+    assert got.msg.startswith("short") and "not sent: too large" in got.msg and not hasattr(got, "k1")
+
+
+def test_the_main_process_s_own_unformattable_record_reads_as_a_rank_s_does():
+    """Before, a rank's arrived with the note and the main process's own went to `--- Logging error ---`."""
+    own = _record(msg="%d items", args=("many",))
+    sent = _trip(_record(msg="%d items", args=("many",)))
+    records.settle_message(own)
+    assert own.getMessage() == sent.getMessage() and "could not be formatted" in own.getMessage()
+    fine = _record()
+    records.settle_message(fine)
+    assert (fine.msg, fine.args) == ("hello %s", ("world",))  # a record that formats is left as it is
+
+
+class _Unprintable:
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+
+def test_a_record_that_cannot_be_built_is_said_each_time_naming_its_call_and_rank(capsys):
+    """Before, once per text and naming no call: `a log record could not be built: RuntimeError(...)`."""
+    from accelerate_inorder_fix._diagnostics import DIAGNOSTICS
+    from accelerate_inorder_fix.gather import side
+
+    DIAGNOSTICS.reset()
+    adapter = logging.LoggerAdapter(logging.getLogger(LOGGER), {})
+    for count in (1, 2):
+        assert (
+            side._capture(
+                adapter, logging.INFO, _Unprintable(), (), {}, Origin(1, "node-a", False), (IDENTITY[0], count)
+            )
+            is None
+        )
+    lines = capsys.readouterr().err.splitlines()
+    DIAGNOSTICS.reset()
+    assert [line.split(": rank 1's record could not be built and is lost: ")[0] for line in lines] == [
+        f"accelerate-inorder-fix: in_order call at train.py:42 in step (call {count} from there)" for count in (1, 2)
+    ], lines
