@@ -48,6 +48,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from accelerate_inorder_fix import bounds  # noqa: E402
 from accelerate_inorder_fix.barrier import (
     checkin,  # noqa: E402
     handoff,  # noqa: E402
@@ -56,6 +57,7 @@ from accelerate_inorder_fix.barrier import (
 
 
 T = 10.0  # the timeout, in virtual seconds
+CONNECTION_TIMEOUT = T + 5.0  # a connection's own timeout (`store.connection.open_store`): where `get` gives up
 SITES = {name: (f"train_{name}.py", "step", 10 + i) for i, name in enumerate("ABM")}
 
 
@@ -76,8 +78,10 @@ class Request:
     until: float = 0.0
     done: bool = False
     woken: bool = False  # a wait woken by a compare_set on a key that is not there (TCPStore does that)
+    written: set[str] = field(default_factory=set)  # keys written while it waited (set then deleted: still woken)
     result: Any = None
     error: Optional[BaseException] = None
+    conn: Any = None  # the connection it came on (a failure breaks it for good)
 
 
 @dataclass
@@ -90,12 +94,23 @@ class Script:
     disabled: set[tuple[int, int]] = field(default_factory=set)  # (rank, call number): records not enabled
     die_at: dict[int, int] = field(default_factory=dict)  # rank -> the store op it dies at
     fail_at: dict[int, int] = field(default_factory=dict)  # rank -> the store op whose connection fails
+    applied: set[int] = field(
+        default_factory=set
+    )  # ranks whose failure or death strikes after the server applied the op
+    reconnect_fails: set[int] = field(default_factory=set)  # ranks whose reconnect fails too (the store gone for them)
     junk_after: Optional[int] = None  # junk goes into a check-in key after this many store operations
     junk_handoff: bool = False  # ... into a handoff key being waited for, only
     die_in_turn: dict[int, int] = field(default_factory=dict)  # rank -> the call whose emit it dies in
     slow: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (call, seconds its emit takes)
     wall_jump: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+
+def _signal() -> Any:
+    """A signal one thread gives and another waits for (`release`, `acquire`): a held plain lock."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
 
 
 class Sim:
@@ -106,9 +121,11 @@ class Sim:
         self.script = script
         self.now = 0.0
         self.data: dict[str, bytes] = {}
-        self.cond = threading.Condition()
+        # Plain locks as binary semaphores (held: not signalled), strictly alternating: the scheduler lets rank r
+        # run (`go[r]`), the rank says it stopped (`back`: it blocked, or ended)
+        self.go = {r: _signal() for r in range(script.n)}
+        self.back = _signal()
         self.pending: dict[int, Request] = {}
-        self.running: Optional[int] = None
         self.ended: set[int] = set()
         self.dead: set[int] = set()
         self.ops = dict.fromkeys(range(script.n), 0)
@@ -124,6 +141,12 @@ class Sim:
         self.decided: dict[str, float] = {}  # verdict key -> when a verdict was first written there
         self.handed: dict[str, int] = {}  # handoff key -> the store operation by which its rank handed over
         self.failed: set[int] = set()  # ranks whose connection failed (what they were doing may be left undone)
+        self.gone: set[int] = set()  # ranks whose reconnect failed too: they cannot read a verdict
+        self.touched: set[str] = set()  # calls ("<site>/<k>") a failure or death struck in
+        self.current: dict[int, str] = {}  # rank -> the call it is making
+        self.made: dict[tuple[int, str], int] = {}  # (rank, site) -> calls it made there
+        self.writer: dict[str, Optional[int]] = {}  # verdict key -> the rank whose write stands (None: junk)
+        self.first: dict[str, bytes] = {}  # verdict key -> the value that stands
         self.handling: dict[tuple[int, int], float] = {}  # (rank, its call) -> time its slow handler took
 
     # -- what a rank thread calls -----------------------------------------------------------------
@@ -134,44 +157,42 @@ class Sim:
         return self.now
 
     def block(self, request: Request) -> Any:
-        with self.cond:
-            self.pending[request.rank] = request
-            self.running = None
-            self.cond.notify_all()
-            self.cond.wait_for(lambda: request.done and (self.running == request.rank or self.over))
+        """Stop this rank until the scheduler has run `request` and lets it go on (one rank runs at a time)."""
+        if self.over:
+            raise Killed()
+        self.pending[request.rank] = request
+        self.back.release()
+        self.go[request.rank].acquire()
         if request.error is not None:
             raise request.error
         return request.result
 
     def finish(self, rank: int, died: bool) -> None:
-        with self.cond:
-            self.ended.add(rank)
-            if died:
-                self.dead.add(rank)
-            self.running = None
-            self.cond.notify_all()
+        self.ended.add(rank)
+        if died:
+            self.dead.add(rank)
+            self.touched.add(self.current.get(rank, ""))
+        self.back.release()
 
     # -- the scheduler ----------------------------------------------------------------------------
 
     def run(self, targets: dict[int, Any], limit: float = 40 * T) -> None:
         threads = [threading.Thread(target=targets[r], daemon=True) for r in targets]
-        with self.cond:
-            self.running = -1  # nobody is scheduled until every thread has blocked once
-        for t in threads:
+        for t in threads:  # each runs to its first stop, one at a time
             t.start()
-        with self.cond:
-            self.cond.wait_for(lambda: len(self.pending) + len(self.ended) == self.script.n)
-            self.running = None
-            while len(self.ended) < self.script.n:
-                self.cond.wait_for(lambda: self.running is None)
-                if len(self.ended) == self.script.n:
+            self.back.acquire()
+        while len(self.ended) < self.script.n:
+            if not self._step():
+                if not self._advance(limit):
+                    self._stuck()
                     break
-                if not self._step():
-                    if not self._advance(limit):
-                        self._stuck()
-                        break
         for t in threads:
             t.join(0.5)
+
+    def _resume(self, rank: int) -> None:
+        """Let `rank` run until it stops again."""
+        self.go[rank].release()
+        self.back.acquire()
 
     def _stuck(self) -> None:
         waiting = {r: (q.kind, q.name) for r, q in self.pending.items()}
@@ -179,15 +200,16 @@ class Sim:
             self.events.append(("killed by the launcher", waiting))  # a collective waits for a dead rank
         else:
             self.violations.append(f"hang at t={self.now:g}: {waiting}")
-        for q in self.pending.values():
-            q.error, q.done = Killed(), True
-        self.pending.clear()
         self.over = True
-        self.cond.notify_all()
+        for r, q in sorted(self.pending.items()):
+            q.error, q.done = Killed(), True
+            del self.pending[r]
+            self._resume(r)
 
     def _runnable(self, q: Request) -> bool:
-        if q.kind == "op" and q.name == "wait":
-            return q.woken or all(k in self.data for k in q.args[0]) or self.now >= q.until
+        if q.kind == "op" and q.name in ("wait", "get"):
+            keys = q.args[0] if q.name == "wait" else [q.args[0]]
+            return q.woken or all(k in self.data or k in q.written for k in keys) or self.now >= q.until
         if q.kind == "delay":
             return self.now >= q.until
         if q.kind == "collective":
@@ -210,8 +232,7 @@ class Sim:
         if q.kind == "op":
             self._operate(q)
         q.done = True
-        self.running = q.rank
-        self.cond.notify_all()
+        self._resume(q.rank)
         return True
 
     def _pair(self, group: list[Request]) -> None:
@@ -222,7 +243,7 @@ class Sim:
             q.kind = "resume"  # each resumes in its own turn, one at a time
 
     def _advance(self, limit: float) -> bool:
-        times = [q.until for q in self.pending.values() if q.kind == "delay" or (q.kind == "op" and q.name == "wait")]
+        times = [q.until for q in self.pending.values() if q.kind == "delay" or q.name in ("wait", "get")]
         future = [t for t in times if t > self.now]
         if not future or min(future) > limit:
             return False
@@ -240,7 +261,7 @@ class Sim:
             keys = [k for k in keys if k.startswith("b/h/")]
         if keys:
             key = self.rng.choice(keys)
-            self.data[key] = b"\x00junk"
+            self._write(key, b"\x00junk", None)
             if key.startswith(checkin.MARK):
                 self.junked.add(int(key[len(checkin.MARK) :]))
             if key.startswith("b/h/"):
@@ -251,25 +272,50 @@ class Sim:
     # -- the store --------------------------------------------------------------------------------
 
     def _operate(self, q: Request) -> None:
+        """Run one store operation: before it, the rank may die or its connection fail (the server never sees
+        the operation); with `Script.applied`, the server applies it and the reply is lost."""
         r = q.rank
         self.ops[r] += 1
-        if self.script.die_at.get(r) == self.ops[r]:
-            q.error = Killed()
-            return
-        if self.script.fail_at.get(r) == self.ops[r]:
-            q.error = ConnectionError("connection closed")
-            self.failed.add(r)
+        strikes = self.ops[r] in (self.script.die_at.get(r), self.script.fail_at.get(r))
+        if strikes and r not in self.script.applied:
+            self._strike(q)
             return
         self.tick += 1
         self._note_markers(q)
         try:
-            q.result = self._wait(q) if q.name == "wait" else getattr(self, "_" + q.name)(*q.args)
+            q.result = (
+                getattr(self, "_" + q.name)(q) if q.name in ("wait", "get") else getattr(self, "_" + q.name)(*q.args)
+            )
         except (StoreTimeout, ConnectionError) as exc:
             q.error = exc
+        self._note_writes(q)
+        if strikes:
+            self._strike(q)
+
+    def _strike(self, q: Request) -> None:
+        """The rank dies at `q` (`Script.die_at`), or its connection fails there for good (`Script.fail_at`)."""
+        r = q.rank
+        self.touched.add(self.current.get(r, ""))
+        if self.script.die_at.get(r) == self.ops[r]:
+            q.error = Killed()
+            return
+        q.error = ConnectionError("connection closed")
+        q.conn.broken = True
+        self.failed.add(r)
+
+    def _note_writes(self, q: Request) -> None:
+        """Who handed over when, which verdict stands and who wrote it; what a skip names."""
+        if q.error is not None:
+            return
         if q.name == "set" and q.args[0].startswith("b/h/") and q.args[1] == checkin.HANDED:
             self.handed.setdefault(q.args[0], self.tick)
-        if q.name == "compare_set" and q.args[0].startswith("b/s/") and q.args[0] in self.data:  # not a peek's miss
+        key = q.args[0] if q.args and isinstance(q.args[0], str) else ""
+        verdict_key = key.startswith("b/s/") and not key.endswith("/n")
+        if q.name == "compare_set" and verdict_key and q.args[0] in self.data:  # not a peek's miss
+            if q.args[0] not in self.decided and q.result == q.args[2]:
+                self.writer[q.args[0]] = q.rank
             self.decided.setdefault(q.args[0], self.now)
+            self.first.setdefault(q.args[0], self.data[q.args[0]])
         if q.name == "compare_set" and q.args[0].startswith("b/s/") and q.args[2].startswith(checkin.SKIP):
             if q.result == q.args[2]:  # a skip written: who was counted at that call then
                 self._written_skip(q.args[0], q.result)
@@ -296,14 +342,25 @@ class Sim:
         if wrong:
             self.violations.append(f"skip at {key} names rank(s) {sorted(wrong)}, which had checked in there")
 
-    def _set(self, key: str, value: bytes) -> None:
+    def _write(self, key: str, value: bytes, writer: Optional[int]) -> None:
+        """Store `value`, and wake every waiter of `key`: one whose key is deleted before it runs was woken all
+        the same (the server answers its waiters when the write lands). A foreign write (`writer` None) into a
+        verdict key is the value that stands there."""
         self.data[key] = value
+        for q in self.pending.values():
+            if q.name == "wait" and key in q.args[0] or q.name == "get" and key == q.args[0]:
+                q.written.add(key)
+        if writer is None and key.startswith("b/s/") and not key.endswith("/n") and key not in self.decided:
+            self.decided[key], self.writer[key], self.first[key] = self.now, None, value
+
+    def _set(self, key: str, value: bytes) -> None:
+        self._write(key, value, 0)
 
     def _add(self, key: str, amount: int) -> int:
         old = self.data.get(key, b"0")
         if not old.isdigit():
             raise ConnectionError("the store closed the connection (add on a value that is no number)")
-        self.data[key] = str(int(old) + amount).encode()
+        self._write(key, str(int(old) + amount).encode(), 0)
         return int(self.data[key])
 
     def _compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
@@ -315,16 +372,21 @@ class Sim:
                 if q.name == "wait" and key in q.args[0]:
                     q.woken = True
         if current == expected or (current is None and expected == b""):
-            self.data[key] = desired
+            self._write(key, desired, 0)
             return desired
         return expected if current is None else current
 
     def _wait(self, q: Request) -> None:
-        if not (q.woken or all(k in self.data for k in q.args[0])):
+        if not (q.woken or all(k in self.data or k in q.written for k in q.args[0])):
             raise StoreTimeout("wait timeout")
 
-    def _get(self, key: str) -> bytes:
-        return self.data.get(key, b"")  # as TCPStore's server answers for a key that is not there
+    def _get(self, q: Request) -> bytes:
+        """TCPStore's `get`: a wait for the key (until the connection's timeout: then it raises), then its value
+        (b"" when it was deleted after the write that woke the wait)."""
+        key = q.args[0]
+        if key not in self.data and key not in q.written and not q.woken:
+            raise StoreTimeout(f"get timeout: {key}")
+        return self.data.get(key, b"")
 
     def _check(self, keys: list[str]) -> bool:
         return all(k in self.data for k in keys)
@@ -338,9 +400,12 @@ class Connection:
 
     def __init__(self, sim: Sim, rank: int) -> None:
         self.sim, self.rank = sim, rank
+        self.broken = False  # a failed connection stays failed, as a TCPStore client's does
 
     def _op(self, name: str, *args: Any, until: float = 0.0) -> Any:
-        return self.sim.block(Request(self.rank, "op", name, args, until=until))
+        if self.broken:
+            raise ConnectionError("connection closed")
+        return self.sim.block(Request(self.rank, "op", name, args, until=until, conn=self))
 
     def set(self, key: str, value: Any) -> None:
         self._op("set", key, _b(value))
@@ -355,7 +420,7 @@ class Connection:
         self._op("wait", list(keys), until=self.sim.now + timeout.total_seconds())
 
     def get(self, key: str) -> bytes:
-        return bytes(self._op("get", key))
+        return bytes(self._op("get", key, until=self.sim.now + CONNECTION_TIMEOUT))
 
     def delete_key(self, key: str) -> bool:
         return bool(self._op("delete_key", key))
@@ -380,10 +445,14 @@ class Rank:
         self.process_index, self.num_processes = rank, self.n
         self.logger = self
         self.calls = 0
+        self.at_site: dict[str, int] = {}  # site -> calls this rank made there (retired ones too)
         self.call_tag = ""
         self.in_turns = False  # inside a `go` call's handoff turns
 
     def _reconnect(self) -> Connection:
+        if self.rank in self.sim.script.reconnect_fails:
+            self.sim.gone.add(self.rank)
+            raise ConnectionError("connection refused")
         return Connection(self.sim, self.rank)
 
     # accelerate's PartialState, the adapter, its logger, and the session -- as `barrier_call` uses them
@@ -410,9 +479,8 @@ class Rank:
     def check_in(self, state: Any, settings: Any, site: Any, record: Any) -> Any:
         start = self.sim.now
         verdict = self.side.verdict(site, T, handoff.turn_on_wake(self.side, record))
-        state_k = self.side.sites[site].count
-        self.call_tag = f"{checkin.site_name(site)}/{state_k}"
-        self.sim.events.append(("verdict", self.rank, self.call_tag, verdict, start, self.sim.now, self.calls))
+        gone = self.rank in self.sim.gone  # it could not read the verdict: what it followed is its own
+        self.sim.events.append(("verdict", self.rank, self.call_tag, verdict, start, self.sim.now, self.calls, gone))
         outcome = handoff.after_check_in(self.side, site, verdict, T)
         return outcome if isinstance(outcome, str) else Turns(self, outcome, start)
 
@@ -425,6 +493,10 @@ class Rank:
                     self.calls += 1
                     msg = (self.rank, self.calls, action[1])
                     site = SITES[action[1]]
+                    name = checkin.site_name(site)
+                    self.at_site[name] = self.at_site.get(name, 0) + 1
+                    self.call_tag = self.sim.current[self.rank] = f"{name}/{self.at_site[name]}"
+                    self.sim.made[(self.rank, name)] = self.at_site[name]
                     record = turns.Record(self, 20, msg, (), {})
                     turns.barrier_call(self, lambda: self.check_in(self, None, site, record), record)
                 elif action[0] == "delay":
@@ -550,59 +622,111 @@ def _diverge(rng: random.Random, script: Script, collectives: bool) -> None:
 
 
 def check(sim: Sim) -> list[str]:
-    """Every invariant of the module docstring, on one finished schedule; the violations found."""
-    script, problems = sim.script, list(sim.violations)
-    verdicts = [e for e in sim.events if e[0] == "verdict"]
-    slow = sum(seconds for _, seconds in script.slow.values())  # handlers' own time, not waiting
-    seen: dict[str, bytes] = {}
-    for _, rank, tag, verdict, start, end, call in verdicts:
+    """Every invariant of the module docstring, on one finished schedule; the violations found. The numbers
+    are the documented ones (`accelerate_inorder_fix.bounds`), per call, per rank and per divergence."""
+    problems = list(sim.violations)
+    problems += _verdicts(sim)
+    problems += _waits(sim)
+    problems += _naming(sim)
+    problems += _records(sim)
+    if sim.script.notes == ["rank 0 makes a main-only call M each step"]:  # the every-rank calls must all go
+        problems += [
+            f"every rank made {e[2]}, yet it was skipped"
+            for e in sim.events
+            if e[0] == "verdict" and "M.py" not in e[2] and not e[3].go
+        ]
+    problems += _store(sim)
+    return problems
+
+
+def _verdicts(sim: Sim) -> list[str]:
+    """One verdict per call, of every kind (a retired site's and a failed connection's too), read by every rank
+    but one whose store is gone; no rank waits in a call past its skip; a check-in ends within T."""
+    problems: list[str] = []
+    seen: dict[str, bool] = {}
+    for _, rank, tag, verdict, start, end, call, gone in (e for e in sim.events if e[0] == "verdict"):
         end -= sim.handling.get((rank, call), 0.0)  # a rank may take its turn in its check-in: not waiting
-        if end - start > T + 1e-9:
+        if end - start > bounds.CHECK_IN.value * T + 1e-9:
             problems.append(f"rank {rank} waited {end - start:g} > T at {tag}")
-        if start > sim.decided.get("b/s/" + tag, start) and end > start + 1e-9:
+        key = "b/s/" + tag
+        decided = sim.decided.get(key, math.inf)
+        if start > decided and end > start + bounds.LATE_AFTER_VERDICT.value * T + 1e-9:
             problems.append(f"rank {rank} came to {tag} after its verdict was written, and waited {end - start:g}")
-        if verdict.why not in ("retired", "store"):
-            blob = b"go" if verdict.go else b"skip"
-            if seen.setdefault(tag, blob) != blob:
-                problems.append(f"ranks read different verdicts at {tag}")
+        excused = sim.writer.get(key, -1) in sim.dead | sim.failed  # its writer stopped before it woke the others
+        skipped = sim.first.get(key, checkin.GO) != checkin.GO
+        if skipped and not excused and end > max(start, decided) + bounds.DECIDED.value * T + 1e-9:
+            problems.append(f"rank {rank} waited {end - max(start, decided):g} at {tag} after its skip stood")
+        if not gone and seen.setdefault(tag, verdict.go) != verdict.go:
+            problems.append(f"ranks read different verdicts at {tag}")
+    return problems
+
+
+def _waits(sim: Sim) -> list[str]:
+    """A call <= 1.5 T on every rank (beyond its own handler's time); a rank's calls <= 1.5 T per divergence in
+    all (a death is one), beyond what the other ranks' delays and slow handlers made it wait."""
+    script, problems = sim.script, []
+    verdicts = [e for e in sim.events if e[0] == "verdict"]
     turns = [e for e in sim.events if e[0] == "turns"]
-    for _, rank, tag, _begin, end, _named, start, _call, _at in turns:
-        if end - start > (1 + 2 * handoff.GRACE) * T + slow + 1e-9:
-            problems.append(f"rank {rank}'s call {tag} took {end - start:g} > 1.5 T, check-in and turns")
-    delays = {r: sum(a[1] for a in script.actions[r] if a[0] == "delay") for r in range(script.n)}
-    died = T if script.die_at or script.die_in_turn else 0.0
-    budget = 1.5 * T * script.divergences + sum(delays.values()) + died + slow
+    for _, rank, tag, _begin, end, _named, start, call, _at in turns:
+        own = sim.handling.get((rank, call), 0.0)
+        if end - start > bounds.CALL.value * T + own + 1e-9:
+            problems.append(f"rank {rank}'s call {tag} took {end - start:g} > {bounds.CALL.value:g} T")
     for r in range(script.n):
+        others = [q for q in range(script.n) if q != r]
+        delays = sum(a[1] for q in others for a in script.actions[q] if a[0] == "delay")
+        slow = sum(seconds for q, (_, seconds) in script.slow.items() if q != r)
+        budget = bounds.DIVERGENCE.value * T * script.divergences + delays + slow
         waited = sum(e[5] - e[4] for e in verdicts if e[1] == r) + sum(e[4] - e[3] for e in turns if e[1] == r)
+        waited -= sum(seconds for (q, _), seconds in sim.handling.items() if q == r)
         if waited > budget + 1e-9:
             problems.append(
                 f"rank {r} waited {waited:g} in calls, over {budget:g} for {script.divergences} divergence(s)"
             )
-    # A rank named for not handing over had not when it was named (it died, was slow or behind a slow one),
-    # or it lost its connection, or junk stood in its key.
+    return problems
+
+
+def _naming(sim: Sim) -> list[str]:
+    """A rank named for not handing over had not when it was named (it died, was slow or behind a slow one), or
+    it lost its connection, or junk stood in its key; and every rank before it had."""
+    script, problems = sim.script, []
     excused = sim.dead | set(script.slow) | sim.failed | sim.junked_handoff
-    for e in turns:
+    for e in (e for e in sim.events if e[0] == "turns"):
         handed = sim.handed.get(f"b/h/{e[2]}/{e[5]}", math.inf)
         if e[5] is not None and e[5] not in excused and handed <= e[8]:
             problems.append(f"rank {e[1]} named rank {e[5]} at {e[2]}, which had handed over before")
-        # ... and it was the first that had not: every rank before it had handed over
         before = [p for p in range(1, e[5] or 0) if sim.handed.get(f"b/h/{e[2]}/{p}", math.inf) > e[8]]
         if set(before) - sim.junked_handoff - sim.failed:
             problems.append(
                 f"rank {e[1]} named rank {e[5]} at {e[2]}, but rank(s) {before} had not handed over either"
             )
-    problems += _records(sim)
-    if script.notes == ["rank 0 makes a main-only call M each step"]:  # the every-rank calls must all go
-        problems += [
-            f"every rank made {e[2]}, yet it was skipped" for e in verdicts if "M.py" not in e[2] and not e[3].go
-        ]
-    # per site its counter, and at most 2 verdicts and 2(n-1) handoff keys (a retired site: its last go's and its
-    # skip's); + a junk verdict; + a deletion a failed connection or a death left undone
-    junk = bool(any(e[0] == "junk" for e in sim.events))
-    bound = (2 * script.n + 1) * len(SITES) + script.n + junk + len(sim.failed | sim.dead)
-    if len(sim.data) > bound:
-        problems.append(f"{len(sim.data)} keys left in the store (bound {bound}): {sorted(sim.data)}")
     return problems
+
+
+def _never_back(sim: Sim) -> int:
+    """Handoff keys of ranks that never came back to a site after its skip: a rank deletes its key of call k-2
+    at its check-in of call k, so one that stopped calling there before the skip keeps one key more."""
+    extra = 0
+    for name in {key.split("/")[2] for key in sim.first}:
+        skips = [
+            int(key.rpartition("/")[2])
+            for key, blob in sim.first.items()
+            if key.split("/")[2] == name and blob != checkin.GO
+        ]
+        if skips:
+            extra += sum(1 for r in range(1, sim.script.n) if sim.made.get((r, name), 0) < min(skips))
+    return extra
+
+
+def _store(sim: Sim) -> list[str]:
+    """At most 2N + 1 keys per site the schedule used and one marker per rank; + a junk key; + a deletion a
+    failed connection or a death left undone."""
+    script = sim.script
+    used = {a[1] for actions in script.actions.values() for a in actions if a[0] == "call"}
+    junk = any(e[0] == "junk" for e in sim.events)
+    bound = bounds.store_keys(script.n, len(used)) + junk + len(sim.failed | sim.dead) + _never_back(sim)
+    if len(sim.data) > bound:
+        return [f"{len(sim.data)} keys left in the store (bound {bound}, {len(used)} site(s)): {sorted(sim.data)}"]
+    return []
 
 
 def _records(sim: Sim) -> list[str]:
@@ -626,9 +750,7 @@ def _records(sim: Sim) -> list[str]:
     calls = {tag: {(e[1], e[6]) for e in sim.events if e[0] == "verdict" and e[2] == tag} for tag in gone}
     # records of go calls that held (a skipped call's come out at once; a broken one's as they can)
     ordered = set().union(*(calls[tag] for tag in gone - broken))
-    for tag in gone - broken:
-        if sim.failed:
-            break
+    for tag in gone - broken - sim.touched:
         members = calls[tag]
         order = [m[0] for m in emitted if (m[0], m[1]) in members]
         if order != sorted(order):
