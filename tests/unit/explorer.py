@@ -94,9 +94,8 @@ class Script:
     disabled: set[tuple[int, int]] = field(default_factory=set)  # (rank, call number): records not enabled
     die_at: dict[int, int] = field(default_factory=dict)  # rank -> the store op it dies at
     fail_at: dict[int, int] = field(default_factory=dict)  # rank -> the store op whose connection fails
-    applied: set[int] = field(
-        default_factory=set
-    )  # ranks whose failure or death strikes after the server applied the op
+    # ranks whose failure or death at its op strikes after the server applied the op (the reply is lost)
+    applied: set[int] = field(default_factory=set)
     reconnect_fails: set[int] = field(default_factory=set)  # ranks whose reconnect fails too (the store gone for them)
     junk_after: Optional[int] = None  # junk goes into a check-in key after this many store operations
     junk_handoff: bool = False  # ... into a handoff key being waited for, only
@@ -552,8 +551,14 @@ class Turns:
 # -- schedules ---------------------------------------------------------------------------------------
 
 
-def draw(seed: int) -> Script:
-    """The script of schedule `seed`: ranks, sites, steps, and at most two divergences."""
+def draw(seed: int, extras: bool = True) -> Script:
+    """The script of schedule `seed`: ranks, sites, steps, and at most two divergences (three with `extras`).
+
+    Args:
+        extras: also draw, from a second generator, the faults added after the first long runs (a failure or
+            death after the server applied the op, a reconnect that fails). Without it a seed draws the
+            script it drew before them, so seeds recorded then still replay (`draw(seed, extras=False)`).
+    """
     rng = random.Random(seed)
     n = rng.choice([2, 2, 3, 4])
     sites = ["A", "B"][: rng.choice([1, 2])]
@@ -580,6 +585,8 @@ def draw(seed: int) -> Script:
         for call in range(1, 1 + sum(a[0] == "call" for a in script.actions[r])):
             if rng.random() < 0.1:
                 script.disabled.add((r, call))
+    if extras:
+        _extra_fault(seed, script)
     return script
 
 
@@ -616,6 +623,31 @@ def _diverge(rng: random.Random, script: Script, collectives: bool) -> None:
     else:
         script.die_at[r] = rng.randint(1, 12)
     script.notes.append(f"{kind}: rank {r}, action {at}")
+
+
+def _extra_fault(seed: int, script: Script) -> None:
+    """One more fault in about a third of the schedules, drawn apart from `draw`'s generator: a connection that
+    fails after the server applied the op (the reply lost), one whose reconnect fails too, or (with no user
+    collective to wait for it) a rank stopped between two store operations, after the first was applied."""
+    rng = random.Random(seed * 104729 + 17)
+    if rng.random() >= 0.35:
+        return
+    collectives = any(a[0] == "collective" for actions in script.actions.values() for a in actions)
+    kind = rng.choice(["fail-applied", "reconnect-fails"] + ([] if collectives else ["die-applied"]))
+    r = rng.randrange(script.n)
+    if r in script.die_at or r in script.fail_at:
+        return
+    script.divergences += 1
+    if kind == "die-applied":
+        script.die_at[r] = rng.randint(1, 16)
+        script.applied.add(r)
+    else:
+        script.fail_at[r] = rng.randint(1, 16)
+        if kind == "fail-applied":
+            script.applied.add(r)
+        else:
+            script.reconnect_fails.add(r)
+    script.notes.append(f"{kind}: rank {r}")
 
 
 # -- the invariants ----------------------------------------------------------------------------------
@@ -852,7 +884,34 @@ def _turns_by_barrier(self: handoff.Handoff, emit: Any) -> None:
             emit()
 
 
+def _named_not_absent(self: checkin.CheckIn, rank: int) -> None:
+    return None  # a rank named for not handing over is waited for again at the next call: a death costs 2.5 T
+
+
+def _failed_rank_goes_alone(self: checkin.CheckIn, call: checkin.Call) -> checkin.Verdict:
+    return checkin.Verdict(False, "store", self.rank)  # no reconnect: it skips while the others may go
+
+
+_DECIDE = checkin.CheckIn._decide
+
+
+def _keep_old_verdicts(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, tidy_later: bool = False) -> bytes:
+    return _DECIDE(self, checkin.Call(call.site, 1), verdict) if call.k == 1 else _decide_keeping(self, call, verdict)
+
+
+def _decide_keeping(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
+    blob = bytes(self.store.compare_set(call.key, "", verdict))  # the verdict of call k-1 is never deleted
+    if blob == verdict and verdict != checkin.GO:
+        for q in range(1, self.world_size):
+            self.store.set(call.handoff(q), checkin.SKIPPED)
+    return blob
+
+
 MUTATIONS: dict[str, tuple[str, Any]] = {
+    "named-not-absent": ("named", _named_not_absent),
+    "failed-rank-goes-alone": ("_after_failure", _failed_rank_goes_alone),
+    "keep-old-verdicts": ("_decide", _keep_old_verdicts),
+    "long-grace": ("GRACE", 0.5),
     "set-not-compare-set": ("_decide", _set_not_compare_set),
     "no-halfway": ("_halfway", _no_halfway),
     "no-absent": ("_absent", _no_absent),
@@ -881,6 +940,8 @@ def mutated(name: str) -> Any:
         return mock.patch.object(checkin._SiteState, "retired", property(lambda self: False, lambda self, v: None))
     if attribute == "WALL":
         return contextlib.nullcontext()
+    if attribute == "GRACE":  # a rank past a break waits half a timeout more, not a quarter
+        return mock.patch.object(handoff, "GRACE", replacement)
     if attribute.startswith("handoff:"):
         return mock.patch.object(handoff.Handoff, attribute.partition(":")[2], replacement)
     return mock.patch.object(checkin.CheckIn, attribute, replacement)
@@ -898,33 +959,83 @@ def run(script: Script, seed: int = 0, wall_clock: bool = False) -> tuple[Sim, l
     return sim, check(sim)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seed", type=int, help="replay one schedule")
-    parser.add_argument("--schedules", type=int, default=2000)
-    parser.add_argument("--first", type=int, default=0)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    parser.add_argument("--mutate", choices=sorted(MUTATIONS), help="break the protocol on purpose")
-    args = parser.parse_args(argv)
-    seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.schedules)
-    start, failed = time.monotonic(), 0
+def coverage(sim: Sim) -> set[str]:
+    """What one schedule covered: each fault kind drawn ("fault:skip", ...) and each outcome seen ("verdict:go",
+    "verdict:timeout", ..., "named" for a rank named in the turns, "killed" for a user collective a dead rank left)."""
+    kinds = {"fault:" + ("main-only" if "main-only" in note else note.partition(":")[0]) for note in sim.script.notes}
+    kinds |= {"verdict:" + ("go" if e[3].go else e[3].why) for e in sim.events if e[0] == "verdict"}
+    kinds |= {"named" for e in sim.events if e[0] == "turns" and e[5] is not None}
+    kinds |= {"killed" for e in sim.events if e[0] == "killed by the launcher"}
+    return kinds or {"fault:none"}
+
+
+def shard(seeds: list[int], mutate: Optional[str] = None, verbose: bool = False) -> tuple[list[Any], dict[str, int]]:
+    """Run `seeds` (under mutation `mutate`): the failing seeds with their violations, and the coverage counts."""
+    failures: list[Any] = []
+    counts: dict[str, int] = {}
     for seed in seeds:
-        if args.mutate:
-            with mutated(args.mutate):
-                sim, problems = explore(seed, wall_clock=args.mutate == "wall-clock")
+        if mutate:
+            with mutated(mutate):
+                sim, problems = explore(seed, wall_clock=mutate == "wall-clock")
         else:
             sim, problems = explore(seed)
-        if args.verbose:
+        if verbose:
             print(f"seed {seed}: n={sim.script.n} {sim.script.notes}")
             for r, actions in sim.script.actions.items():
                 print(f"  rank {r}: {actions}")
             for event in sim.events:
                 print("  ", event)
         if problems:
-            failed += 1
-            print(f"seed {seed} FAILED (replay: python tests/unit/explorer.py --seed {seed} -v): {problems}")
-    print(f"{len(seeds)} schedules, {failed} failed, {time.monotonic() - start:.1f} s")
-    return 1 if failed else 0
+            failures.append((seed, problems))
+        for kind in coverage(sim):
+            counts[kind] = counts.get(kind, 0) + 1
+    return failures, counts
+
+
+def _in_processes(seeds: list[int], jobs: int, mutate: Optional[str]) -> tuple[list[Any], dict[str, int]]:
+    """`shard` over `jobs` processes, seed i in shard i mod jobs; results merged in seed order."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")  # the workers inherit the imported modules; nothing to pickle
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        parts = list(pool.map(shard, [seeds[i::jobs] for i in range(jobs)], [mutate] * jobs))
+    failures = sorted((f for part, _ in parts for f in part), key=lambda f: f[0])
+    counts: dict[str, int] = {}
+    for _, part in parts:
+        for kind, n in part.items():
+            counts[kind] = counts.get(kind, 0) + n
+    return failures, counts
+
+
+def print_coverage(counts: dict[str, int], schedules: int) -> None:
+    """The coverage table: how many schedules had each fault kind, and each outcome."""
+    print(f"coverage ({schedules} schedules):")
+    print(f"  {'kind':<24} {'schedules':>10}")
+    for kind in sorted(counts):
+        print(f"  {kind:<24} {counts[kind]:>10}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, help="replay one schedule")
+    parser.add_argument("--schedules", type=int, default=2000)
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1, help="shard the seeds over this many processes")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--mutate", choices=sorted(MUTATIONS), help="break the protocol on purpose")
+    args = parser.parse_args(argv)
+    seeds = [args.seed] if args.seed is not None else list(range(args.first, args.first + args.schedules))
+    start = time.monotonic()
+    if args.jobs > 1 and len(seeds) > 1:
+        failures, counts = _in_processes(seeds, args.jobs, args.mutate)
+    else:
+        failures, counts = shard(seeds, args.mutate, args.verbose)
+    for seed, problems in failures:
+        print(f"seed {seed} FAILED (replay: python tests/unit/explorer.py --seed {seed} -v): {problems}")
+    print_coverage(counts, len(seeds))
+    print(f"{len(seeds)} schedules, {len(failures)} failed, {time.monotonic() - start:.1f} s")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
