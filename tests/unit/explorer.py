@@ -285,8 +285,12 @@ class Sim:
             q.result = (
                 getattr(self, "_" + q.name)(q) if q.name in ("wait", "get") else getattr(self, "_" + q.name)(*q.args)
             )
-        except (StoreTimeout, ConnectionError) as exc:
+        except StoreTimeout as exc:
             q.error = exc
+        except ConnectionError as exc:  # the server closed the connection (an `add` on junk): it stays closed
+            q.error, q.conn.broken = exc, True
+            self.failed.add(r)
+            self.touched.add(self.current.get(r, ""))
         self._note_writes(q)
         if strikes:
             self._strike(q)
@@ -911,7 +915,7 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "named-not-absent": ("named", _named_not_absent),
     "failed-rank-goes-alone": ("_after_failure", _failed_rank_goes_alone),
     "keep-old-verdicts": ("_decide", _keep_old_verdicts),
-    "long-grace": ("GRACE", 0.5),
+    "grace-a-whole-timeout": ("GRACE", 1.0),
     "set-not-compare-set": ("_decide", _set_not_compare_set),
     "no-halfway": ("_halfway", _no_halfway),
     "no-absent": ("_absent", _no_absent),
@@ -940,7 +944,7 @@ def mutated(name: str) -> Any:
         return mock.patch.object(checkin._SiteState, "retired", property(lambda self: False, lambda self, v: None))
     if attribute == "WALL":
         return contextlib.nullcontext()
-    if attribute == "GRACE":  # a rank past a break waits half a timeout more, not a quarter
+    if attribute == "GRACE":  # a rank past a break waits a whole timeout more, not a quarter
         return mock.patch.object(handoff, "GRACE", replacement)
     if attribute.startswith("handoff:"):
         return mock.patch.object(handoff.Handoff, attribute.partition(":")[2], replacement)
