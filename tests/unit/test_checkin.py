@@ -370,3 +370,24 @@ def test_the_unit_tier_explorer_runs_its_schedules_in_a_third_of_its_30_s():
     for seed in range(300):
         explore(seed)
     assert time.monotonic() - start < 10 * 300 / SCHEDULES * 3  # 300 of the tier's schedules, on a loaded machine
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_d1_a_skip_of_the_first_call_costs_at_most_1_5_t_mode_agreement_included(n):
+    script = drop(loop(n, 4, ["A"]), rank=0, step=0, site="A")  # rank 0 never publishes the mode before step 1
+    script.agree = True
+    sim, problems = run(script)
+    assert [e for e in sim.events if e[0] == "agree" and e[1] == 1], "the first call agreed on the mode"
+    calls = [e for e in sim.events if e[0] == "call" and e[1] > 0]
+    assert max(e[4] - e[3] for e in calls) <= bounds.CALL.value * T + 1e-9, problems
+    assert not problems, problems
+
+
+def test_the_first_calls_mode_agreement_is_on_the_modelled_path_and_costs_nothing_when_every_rank_comes():
+    script = loop(3, 3, ["A"])
+    script.agree = True
+    sim, problems = run(script)
+    assert not problems, problems
+    agreed = [e for e in sim.events if e[0] == "agree"]
+    assert len(agreed) == 3 and all(e[4] == e[3] for e in agreed)
+    assert sim.data["mode"] == b"barrier"
