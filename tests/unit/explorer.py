@@ -8,28 +8,35 @@ Time is virtual: it moves only when nothing can run, to the next deadline or wak
 is a pure function of its seed, and a failing seed replays exactly:
 
     python tests/unit/explorer.py --seed 1234 -v         # one schedule, its script and events
-    python tests/unit/explorer.py --schedules 100000     # the long run (docs/barrier-mode.md)
+    python tests/unit/explorer.py --schedules 200000 --jobs 2   # the long run (docs/barrier-mode.md)
 
-The seed draws a script per rank (2-4 ranks, 1-2 sites, steps with a user collective or not) and
-the divergences: a rank that skips a call, comes late, makes a main-only call, dies mid-call; junk
-written to a check-in or handoff key; a connection that fails once; the wall clock stepped (the
-check-in must not read it); a rank that dies inside its turn (in its log handler), or whose handler is
-slow. After each schedule `check` holds the invariants:
+The seed draws a script per rank (2-4 ranks, 1-2 sites, steps with a user collective or not; in half the
+schedules each rank's first call agrees on the mode first, through `store.mode`) and the faults of a
+TCPStore job: a rank that skips a call or a step, comes late, makes a main-only call, dies before an
+operation reaches the server or after it was applied, or inside its turn (in its log handler), or whose
+handler is slow; junk written to a check-in or handoff key; a connection that fails (before or after
+the server applied the operation; it stays failed) and whose reconnect may fail too; the wall clock
+stepped (the check-in must not read it). `get` of a missing key waits until the connection's timeout
+and raises; a waiter whose key is set and deleted before it runs is woken. After each schedule `check`
+holds the invariants, at the numbers of `accelerate_inorder_fix.bounds`, per call, rank and divergence:
 
-- every rank that checked in at a call read the same verdict, and the collectives paired (no rank in
-  a barrier while another is in another collective);
-- a `go` call's turns enter no collective (they pass through the store);
-- no check-in waited longer than T; no call, check-in and turns together, longer than 1.5 T (beyond a
-  slow handler's own time);
-- the waiting a rank does in calls is at most 1.5 T per divergence (plus the delays it waited for);
-- every enabled record was emitted exactly once, and a `go` call's records in rank order, no record of
-  another `go` call between them (unless a rank did not hand over in time, or a handoff key held junk):
-  consecutive calls never interleave, and a call returns (on every rank) once every rank's record is out;
-- a rank that comes to a call whose verdict is written already does not wait;
+- one verdict per call, of every kind, on every rank that could read one; the collectives paired (no
+  rank in a barrier while another is in another collective); a `go` call's turns enter no collective;
+- no check-in longer than T; no call (mode agreement, check-in and turns) longer than 1.5 T, beyond the
+  rank's own handler's time;
+- each rank's waiting in calls at most 1.5 T per divergence (a death is one), beyond the other ranks'
+  delays and slow handlers;
+- a rank that comes to a call whose verdict is written already does not wait; once a skip stands, no
+  rank waits in that call any more;
+- every enabled record emitted exactly once, and a `go` call's records in rank order, no record of
+  another `go` call between them, no rank returning before all are out, for every call no fault touched;
 - a skip names only ranks that had not checked in at that call when it was written; a rank named for not
   handing over had not when it was named, and every rank before it had (or junk, a failed connection);
-- the store holds at most 2n + 1 keys per site and one per rank;
+- the store holds at most 2N + 1 keys per site used and one per rank (and what a fault left, bounded);
 - nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank.
+
+`--jobs N` shards the seeds over N processes; every run ends with a coverage table (schedules per fault
+kind and per outcome).
 """
 
 from __future__ import annotations
