@@ -65,6 +65,7 @@ from accelerate_inorder_fix.store import mode  # noqa: E402
 
 
 T = 10.0  # the timeout, in virtual seconds
+UNDONE_BY_FAILURE, UNDONE_BY_DEATH = 3, 2  # store keys a failed connection, a death, may leave undeleted
 CONNECTION_TIMEOUT = T + 5.0  # a connection's own timeout (`store.connection.open_store`): where `get` gives up
 SITES = {name: (f"train_{name}.py", "step", 10 + i) for i, name in enumerate("ABM")}
 
@@ -789,12 +790,15 @@ def _never_back(sim: Sim) -> int:
 
 
 def _store(sim: Sim) -> list[str]:
-    """At most 2N + 1 keys per site the schedule used and one marker per rank; + a junk key; + a deletion a
-    failed connection or a death left undone."""
+    """At most 2N + 1 keys per site the schedule used and one marker per rank; + a junk key; + the deletions a
+    failed connection or a death left undone; + a key per rank that never came back to a retired site."""
     script = sim.script
     used = {a[1] for actions in script.actions.values() for a in actions if a[0] == "call"}
     junk = any(e[0] == "junk" for e in sim.events)
-    bound = bounds.store_keys(script.n, len(used)) + junk + len(sim.failed | sim.dead) + _never_back(sim)
+    # a failure strikes before deletions of its call (the verdict before, its key of call k-2) and the next call
+    # there gives up at its first operation, before its own (its key of call k-1); a death stops the first two
+    undone = UNDONE_BY_FAILURE * len(sim.failed) + UNDONE_BY_DEATH * len(sim.dead - sim.failed)
+    bound = bounds.store_keys(script.n, len(used)) + junk + undone + _never_back(sim)
     bound += mode.MODE_KEY in sim.data  # the main process's mode word, once per job
     if len(sim.data) > bound:
         return [f"{len(sim.data)} keys left in the store (bound {bound}, {len(used)} site(s)): {sorted(sim.data)}"]
