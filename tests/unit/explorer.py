@@ -1037,19 +1037,25 @@ def shard(seeds: list[int], mutate: Optional[str] = None, verbose: bool = False)
 
 
 def _in_processes(seeds: list[int], jobs: int, mutate: Optional[str]) -> tuple[list[Any], dict[str, int]]:
-    """`shard` over `jobs` processes, seed i in shard i mod jobs; results merged in seed order."""
+    """`shard` over `jobs` processes, in chunks of at most 2,000 seeds (a line of progress after each);
+    the failures in seed order, so the output does not depend on which process ran what."""
     import concurrent.futures
     import multiprocessing
 
     context = multiprocessing.get_context("fork")  # the workers inherit the imported modules; nothing to pickle
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-        parts = list(pool.map(shard, [seeds[i::jobs] for i in range(jobs)], [mutate] * jobs))
-    failures = sorted((f for part, _ in parts for f in part), key=lambda f: f[0])
+    chunks = [seeds[i : i + 2000] for i in range(0, len(seeds), 2000)]
+    failures: list[Any] = []
     counts: dict[str, int] = {}
-    for _, part in parts:
-        for kind, n in part.items():
-            counts[kind] = counts.get(kind, 0) + n
-    return failures, counts
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        for done, (part, part_counts) in enumerate(pool.map(shard, chunks, [mutate] * len(chunks)), 1):
+            failures += part
+            for kind, n in part_counts.items():
+                counts[kind] = counts.get(kind, 0) + n
+            if len(chunks) > 1:
+                print(
+                    f"  {min(done * 2000, len(seeds))} of {len(seeds)} schedules, {len(failures)} failed", flush=True
+                )
+    return sorted(failures, key=lambda f: f[0]), counts
 
 
 def print_coverage(counts: dict[str, int], schedules: int) -> None:
