@@ -335,8 +335,21 @@ def test_d4_a_rank_stopped_between_its_last_add_and_its_go_costs_at_most_1_5_t(n
     assert all(waited(sim, r) <= bounds.DEATH.value * T + 0.1 * T + 1e-9 for r in range(1, n))
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_d4_a_rank_stopped_between_its_marker_and_its_add_costs_at_most_1_5_t(n):
+    """Its marker says it is in the call, its count never came: the timed-out call names nobody, so the
+    next site waits a whole timeout for it again (2 T on f0a0bfc, and with the first fixes merged)."""
+    script = loop(n, 3, ["A", "B"], collective=False)
+    script.die_at[n - 1] = 2  # its marker set, then it stops before its `add` reaches the server
+    script.divergences = 1
+    sim, problems = run(script)
+    assert n - 1 in sim.dead
+    assert all(waited(sim, r) <= bounds.DEATH.value * T + 1e-9 for r in range(n - 1)), problems
+    assert not problems, problems
+
+
 @pytest.mark.parametrize("seed", [43, 156])
-def test_d4_a_rank_that_dies_between_its_marker_and_its_add_costs_at_most_1_5_t(seed):
+def test_d4_seeds_where_a_rank_dies_between_its_marker_and_its_add(seed):
     script = draw(seed, extras=False)
     assert script.die_at and not script.applied
     assert not run(script, seed)[1]
@@ -348,9 +361,15 @@ def test_d5_no_call_waits_a_quarter_timeout_more_for_a_rank_it_named():
     assert not problems, problems
 
 
-@pytest.mark.parametrize("seed", [10000200, 10013158, 20001440, 30009341, 264])
-def test_d6_junk_in_a_verdict_key_before_any_verdict_costs_no_wait(seed):
-    sim, problems = run(draw(seed, extras=False), seed)
+@pytest.mark.parametrize(
+    "seed, extras",
+    [(10000200, False), (10013158, False), (20001440, False), (30009341, False), (264, False), (1006759, True)],
+)
+def test_d6_junk_in_a_verdict_key_before_any_verdict_costs_no_wait(seed, extras):
+    """The reviewers' seeds, and one (1006759) where rank 1 reads the junk at once and wakes nobody: the ranks
+    at handoff keys wait for the last arrival (T/2 on f0a0bfc; up to the last arrival's lateness after the
+    first fixes)."""
+    sim, problems = run(draw(seed, extras=extras), seed)
     assert any(e[0] == "junk" and e[1].startswith("b/s/") for e in sim.events)
     assert not problems, problems
 
