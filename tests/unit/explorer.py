@@ -59,6 +59,7 @@ from accelerate_inorder_fix import bounds  # noqa: E402
 from accelerate_inorder_fix.barrier import (
     checkin,  # noqa: E402
     handoff,  # noqa: E402
+    side,  # noqa: E402
     turns,  # noqa: E402
 )
 from accelerate_inorder_fix.store import mode  # noqa: E402
@@ -455,6 +456,11 @@ class Rank:
     def __init__(self, sim: Sim, rank: int) -> None:
         self.sim, self.rank, self.n = sim, rank, sim.script.n
         self.side = checkin.CheckIn(Connection(sim, rank), rank, self.n, clock=sim.clock, reconnect=self._reconnect)
+        # The product's own side (its check-in, turns and warnings), on this check-in: the virtual clock
+        self.barrier = side.BarrierSide(Connection(sim, rank), rank, self.n, reconnect=self._reconnect)
+        self.barrier.checkin = self.side
+        self.side.verdict = self._verdict  # type: ignore[method-assign]  # each verdict seen, as it is returned
+        self.verdicts: list[checkin.Verdict] = []
         self.process_index, self.num_processes = rank, self.n
         self.logger = self
         self.calls = 0
@@ -489,12 +495,18 @@ class Rank:
             self.sim.block(Request(self.rank, "delay", until=self.sim.now + seconds))
         self.sim.events.append(("emit", self.rank, msg, self.sim.now))
 
+    def _verdict(self, site: Any, timeout: float, on_wake: Any = None) -> checkin.Verdict:
+        verdict = checkin.CheckIn.verdict(self.side, site, timeout, on_wake)
+        self.verdicts.append(verdict)
+        return verdict
+
     def check_in(self, state: Any, settings: Any, site: Any, record: Any) -> Any:
+        """The session's barrier-mode check-in (`BarrierSide.check_in`: the verdict, its warnings, the turns)."""
         start = self.sim.now
-        verdict = self.side.verdict(site, T, handoff.turn_on_wake(self.side, record))
+        outcome = self.barrier.check_in(site, T, record)
+        verdict = self.verdicts[-1]
         gone = self.rank in self.sim.gone  # it could not read the verdict: what it followed is its own
         self.sim.events.append(("verdict", self.rank, self.call_tag, verdict, start, self.sim.now, self.calls, gone))
-        outcome = handoff.after_check_in(self.side, site, verdict, T)
         return outcome if isinstance(outcome, str) else Turns(self, outcome, start)
 
     def call(self, letter: str) -> None:

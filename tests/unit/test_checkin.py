@@ -384,11 +384,13 @@ def test_d7_a_late_last_arrival_at_a_given_up_call_deletes_its_handoff_key_of_tw
     assert not problems, problems
 
 
-def test_the_unit_tier_explorer_runs_its_schedules_in_a_third_of_its_30_s():
+def test_the_explorer_stays_fast_enough_for_the_unit_tier():
+    """A guard against a gross slowdown only (the machine is shared): 300 schedules in well under 10 s. The
+    unit tier's explorer tests, this file, ran in 24-28 s in all at a load average of 6.6 on 2 cores."""
     start = time.monotonic()
     for seed in range(300):
         explore(seed)
-    assert time.monotonic() - start < 10 * 300 / SCHEDULES * 3  # 300 of the tier's schedules, on a loaded machine
+    assert time.monotonic() - start < 9.0
 
 
 @pytest.mark.parametrize("n", [2, 4])
