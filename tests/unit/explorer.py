@@ -963,7 +963,19 @@ def _decide_keeping(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -
     return blob
 
 
+def _emit_every_time(self: turns.Record) -> None:
+    self.out = True
+    self._emit()  # no "once": a turn taken on the wake and again after the check-in emits twice
+
+
+def _wait_without_deadline(self: checkin.CheckIn, key: str, deadline: float) -> bool:
+    self.store.wait([key], datetime.timedelta(days=1))  # a wait nothing bounds: a missing rank hangs the call
+    return True
+
+
 MUTATIONS: dict[str, tuple[str, Any]] = {
+    "emit-every-time": ("RECORD", _emit_every_time),
+    "wait-without-deadline": ("wait_for", _wait_without_deadline),
     "named-not-absent": ("named", _named_not_absent),
     "failed-rank-goes-alone": ("_after_failure", _failed_rank_goes_alone),
     "keep-old-verdicts": ("_decide", _keep_old_verdicts),
@@ -996,6 +1008,8 @@ def mutated(name: str) -> Any:
         return mock.patch.object(checkin._SiteState, "retired", property(lambda self: False, lambda self, v: None))
     if attribute == "WALL":
         return contextlib.nullcontext()
+    if attribute == "RECORD":
+        return mock.patch.object(turns.Record, "__call__", replacement)
     if attribute == "GRACE":  # a rank past a break waits a whole timeout more, not a quarter
         return mock.patch.object(handoff, "GRACE", replacement)
     if attribute.startswith("handoff:"):
