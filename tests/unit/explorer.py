@@ -113,6 +113,9 @@ class Script:
     slow: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (call, seconds its emit takes)
     wall_jump: float = 0.0
     agree: bool = False  # each rank's first call agrees on the mode first, through the store (`store.mode`)
+    # (rank, step, site) -> the ordinary delay (no divergence) the rank makes before that call; a drawn script's
+    # only: others' delays are what a rank may wait for besides the divergences (`_ordinary_wait`)
+    ordinary: dict[tuple[int, int, str], float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -621,6 +624,7 @@ def draw(seed: int, extras: bool = True) -> Script:
             for name in sites:
                 if rng.random() < 0.3:
                     script.actions[r].append(("delay", round(rng.uniform(0, 0.2 * T), 3)))
+                    script.ordinary[(r, step, name)] = script.actions[r][-1][1]
                 script.actions[r].append(("call", name))
             if collectives:
                 script.actions[r].append(("collective", step))
@@ -755,10 +759,8 @@ def _waits(sim: Sim) -> list[str]:
         if end - start - own > bounds.CALL.value * T + 1e-9:
             problems.append(f"rank {rank}'s call {tag} took {end - start - own:g} > {bounds.CALL.value:g} T")
     for r in range(script.n):
-        others = [q for q in range(script.n) if q != r]
-        delays = sum(a[1] for q in others for a in script.actions[q] if a[0] == "delay")
         slow = sum(seconds for q, (_, seconds) in script.slow.items() if q != r)
-        budget = bounds.DIVERGENCE.value * T * script.divergences + delays + slow
+        budget = bounds.DIVERGENCE.value * T * script.divergences + _ordinary_wait(script, r) + slow
         waited = sum(e[5] - e[4] for e in verdicts if e[1] == r) + sum(e[4] - e[3] for e in turns if e[1] == r)
         waited += sum(e[4] - e[3] for e in sim.events if e[0] == "agree" and e[1] == r)
         waited -= sum(seconds for (q, _), seconds in sim.handling.items() if q == r)
@@ -767,6 +769,19 @@ def _waits(sim: Sim) -> list[str]:
                 f"rank {r} waited {waited:g} in calls, over {budget:g} for {script.divergences} divergence(s)"
             )
     return problems
+
+
+def _ordinary_wait(script: Script, r: int) -> float:
+    """What rank `r` may wait for besides the divergences: at each call, the longest ordinary delay another rank
+    made before it (every call that goes is a meeting point, so delays of different calls add, those of
+    one call do not). A hand-made script (no `ordinary`): every delay of the other ranks."""
+    if not script.ordinary:
+        return sum(a[1] for q in range(script.n) if q != r for a in script.actions[q] if a[0] == "delay")
+    longest: dict[tuple[int, str], float] = {}
+    for (q, step, name), seconds in script.ordinary.items():
+        if q != r:
+            longest[(step, name)] = max(longest.get((step, name), 0.0), seconds)
+    return sum(longest.values())
 
 
 def _naming(sim: Sim) -> list[str]:
