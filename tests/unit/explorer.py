@@ -16,7 +16,8 @@ TCPStore job: a rank that skips a call or a step, comes late, makes a main-only 
 operation reaches the server or after it was applied, or inside its turn (in its log handler), or whose
 handler is slow; junk written to a check-in or handoff key; a connection that fails (before or after
 the server applied the operation; it stays failed) and whose reconnect may fail too; the wall clock
-stepped (the check-in must not read it). `get` of a missing key waits until the connection's timeout
+stepped (the check-in must not read it); a handler that logs in_order itself while it emits (site H). `get`
+of a missing key waits until the connection's timeout
 and raises; a waiter whose key is set and deleted before it runs is woken. After each schedule `check`
 holds the invariants, at the numbers of `accelerate_inorder_fix.bounds`, per call, rank and divergence:
 
@@ -68,7 +69,7 @@ from accelerate_inorder_fix.store import mode  # noqa: E402
 T = 10.0  # the timeout, in virtual seconds
 UNDONE_BY_FAILURE, UNDONE_BY_DEATH = 3, 2  # store keys a failed connection, a death, may leave undeleted
 CONNECTION_TIMEOUT = T + 5.0  # a connection's own timeout (`store.connection.open_store`): where `get` gives up
-SITES = {name: (f"train_{name}.py", "step", 10 + i) for i, name in enumerate("ABM")}
+SITES = {name: (f"train_{name}.py", "step", 10 + i) for i, name in enumerate("ABMH")}
 
 
 class Killed(BaseException):
@@ -116,6 +117,7 @@ class Script:
     # (rank, step, site) -> the ordinary delay (no divergence) the rank makes before that call; a drawn script's
     # only: others' delays are what a rank may wait for besides the divergences (`_ordinary_wait`)
     ordinary: dict[tuple[int, int, str], float] = field(default_factory=dict)
+    nested_at: int = 0  # every rank's handler, emitting its record of its call k at site A, makes an in_order call (H)
     notes: list[str] = field(default_factory=list)
 
 
@@ -158,9 +160,10 @@ class Sim:
         self.touched: set[str] = set()  # calls ("<site>/<k>") a failure or death struck in
         self.current: dict[int, str] = {}  # rank -> the call it is making
         self.made: dict[tuple[int, str], int] = {}  # (rank, site) -> calls it made there
+        self.made_calls: dict[int, int] = {}  # rank -> in_order calls it made (nested ones included)
         self.writer: dict[str, Optional[int]] = {}  # verdict key -> the rank whose write stands (None: junk)
         self.first: dict[str, bytes] = {}  # verdict key -> the value that stands
-        self.handling: dict[tuple[int, int], float] = {}  # (rank, its call) -> time its slow handler took
+        self.handling: dict[tuple[int, int], float] = {}  # (rank, its call) -> its handler's own time (slow, nested)
 
     # -- what a rank thread calls -----------------------------------------------------------------
 
@@ -180,8 +183,9 @@ class Sim:
             raise request.error
         return request.result
 
-    def finish(self, rank: int, died: bool) -> None:
+    def finish(self, rank: int, died: bool, calls: int) -> None:
         self.ended.add(rank)
+        self.made_calls[rank] = calls
         if died:
             self.dead.add(rank)
             self.touched.add(self.current.get(rank, ""))
@@ -354,8 +358,10 @@ class Sim:
         began = self.looking.get(verdict.decider, self.tick)
         wrong = {q for q in verdict.missing if self.marked.get((q, marker), self.tick + 1) < began}
         # A damaged marker says nothing of where its rank is; the dead did miss the call; a rank whose
-        # connection failed may have gone on without its count, and been missed.
-        wrong -= self.junked | self.dead | self.failed
+        # connection failed may have gone on without its count, and been missed; junk in a rank's wake key
+        # gives it its turn early, where its handler's nested in_order call moves its marker on.
+        woken = {(m + 1) % self.script.n for m in self.junked_handoff} if self.script.nested_at else set()
+        wrong -= self.junked | self.dead | self.failed | woken
         if wrong:
             self.violations.append(f"skip at {key} names rank(s) {sorted(wrong)}, which had checked in there")
 
@@ -470,6 +476,7 @@ class Rank:
         self.at_site: dict[str, int] = {}  # site -> calls this rank made there (retired ones too)
         self.call_tag = ""
         self.in_turns = False  # inside a `go` call's handoff turns
+        self.nested = False  # its handler made its in_order call already (`Script.nested_at`)
 
     def _reconnect(self) -> Connection:
         if self.rank in self.sim.script.reconnect_fails:
@@ -490,12 +497,21 @@ class Rank:
         return msg, kwargs
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
-        if self.sim.script.die_in_turn.get(self.rank) == self.calls:
+        """The rank's log handler: it may die, be slow, or (`Script.nested_at`) log in_order itself, once."""
+        if self.sim.script.die_in_turn.get(self.rank) == msg[1]:
             raise Killed()
         call, seconds = self.sim.script.slow.get(self.rank, (0, 0.0))
-        if call == self.calls:
-            self.sim.handling[(self.rank, call)] = seconds
+        if call == msg[1]:
+            self.sim.handling[(self.rank, call)] = self.sim.handling.get((self.rank, call), 0.0) + seconds
             self.sim.block(Request(self.rank, "delay", until=self.sim.now + seconds))
+        at = self.at_site.get(checkin.site_name(SITES["A"]), 0)
+        if msg[2] == "A" and at == self.sim.script.nested_at and not self.nested:
+            self.nested = True  # an in_order call from inside this rank's turn; its own record then comes first
+            outer, began = (self.call_tag, self.sim.current[self.rank]), self.sim.now
+            self.call("H")
+            self.call_tag, self.sim.current[self.rank] = outer
+            key = (self.rank, msg[1])  # the nested call is the outer call's handler time, checked on its own
+            self.sim.handling[key] = self.sim.handling.get(key, 0.0) + self.sim.now - began
         self.sim.events.append(("emit", self.rank, msg, self.sim.now))
 
     def _verdict(self, site: Any, timeout: float, on_wake: Any = None) -> checkin.Verdict:
@@ -505,12 +521,12 @@ class Rank:
 
     def check_in(self, state: Any, settings: Any, site: Any, record: Any) -> Any:
         """The session's barrier-mode check-in (`BarrierSide.check_in`: the verdict, its warnings, the turns)."""
-        start = self.sim.now
+        start, call, tag = self.sim.now, self.calls, self.call_tag
         outcome = self.barrier.check_in(site, T, record)
-        verdict = self.verdicts[-1]
+        verdict = self.verdicts[-1]  # its own: a nested call made in its turn (on the wake) returns before it
         gone = self.rank in self.sim.gone  # it could not read the verdict: what it followed is its own
-        self.sim.events.append(("verdict", self.rank, self.call_tag, verdict, start, self.sim.now, self.calls, gone))
-        return outcome if isinstance(outcome, str) else Turns(self, outcome, start)
+        self.sim.events.append(("verdict", self.rank, tag, verdict, start, self.sim.now, call, gone))
+        return outcome if isinstance(outcome, str) else Turns(self, outcome, start, tag, call)
 
     def call(self, letter: str) -> None:
         """One in_order call at site `letter`: the path the wrapper takes in barrier mode (the first call's mode
@@ -521,12 +537,12 @@ class Rank:
         self.at_site[name] = self.at_site.get(name, 0) + 1
         self.call_tag = self.sim.current[self.rank] = f"{name}/{self.at_site[name]}"
         self.sim.made[(self.rank, name)] = self.at_site[name]
-        start = self.sim.now
-        if self.calls == 1 and self.sim.script.agree:
+        start, call, tag = self.sim.now, self.calls, self.call_tag
+        if call == 1 and self.sim.script.agree:
             self.agree()
-        record = turns.Record(self, 20, (self.rank, self.calls, letter), (), {})
+        record = turns.Record(self, 20, (self.rank, call, letter), (), {})
         turns.barrier_call(self, lambda: self.check_in(self, None, site, record), record)
-        self.sim.events.append(("call", self.rank, self.call_tag, start, self.sim.now, self.calls))
+        self.sim.events.append(("call", self.rank, tag, start, self.sim.now, call))
 
     def agree(self) -> None:
         """The first call's mode agreement, as `session.InOrderSession._agree` makes it on this rank's store
@@ -558,14 +574,14 @@ class Rank:
         except Exception as exc:  # noqa: BLE001 -- an exception into user code is itself a violation
             self.sim.violations.append(f"rank {self.rank} raised {exc!r}")
         finally:
-            self.sim.finish(self.rank, died)
+            self.sim.finish(self.rank, died, self.calls)
 
 
 class Turns:
     """A `go` call's real `Handoff`, watched: how long its turns waited, whom they named, no collective."""
 
-    def __init__(self, rank: Rank, inner: handoff.Handoff, start: float) -> None:
-        self.rank, self.inner, self.start = rank, inner, start
+    def __init__(self, rank: Rank, inner: handoff.Handoff, start: float, tag: str, call: int) -> None:
+        self.rank, self.inner, self.start, self.tag, self.call = rank, inner, start, tag, call
         self.named_at = 0
 
     def take_turns(self, emit: Any) -> None:
@@ -588,12 +604,12 @@ class Turns:
             (
                 "turns",
                 rank.rank,
-                rank.call_tag,
+                self.tag,
                 begin,
                 sim.now,
                 self.inner.named,
                 self.start,
-                rank.calls,
+                self.call,
                 self.named_at,
             )
         )
@@ -641,6 +657,13 @@ def draw(seed: int, extras: bool = True) -> Script:
         script.agree = random.Random(seed * 7 + 3).random() < 0.5  # the first call's mode agreement, in half
         if script.agree:
             script.notes.append("agree: the first call agrees on the mode")
+        nesting = random.Random(seed * 13 + 5)
+        if nesting.random() < 0.15:  # a handler that logs in_order, on every rank, at one call
+            script.nested_at = nesting.randint(
+                1, min(sum(a[0] == "call" for a in acts) for acts in script.actions.values()) or 1
+            )
+            script.divergences += 1
+            script.notes.append(f"nested: every rank's handler logs in_order at its call {script.nested_at} at A")
         _extra_fault(seed, script)
     return script
 
@@ -737,9 +760,9 @@ def _verdicts(sim: Sim) -> list[str]:
             problems.append(f"rank {rank} waited {end - start:g} > T at {tag}")
         key = "b/s/" + tag
         decided = sim.decided.get(key, math.inf)
-        if start > decided and end > start + bounds.LATE_AFTER_VERDICT.value * T + 1e-9:
-            problems.append(f"rank {rank} came to {tag} after its verdict was written, and waited {end - start:g}")
         excused = sim.writer.get(key, -1) in sim.dead | sim.failed  # its writer stopped before it woke the others
+        if start > decided and not excused and end > start + bounds.LATE_AFTER_VERDICT.value * T + 1e-9:
+            problems.append(f"rank {rank} came to {tag} after its verdict was written, and waited {end - start:g}")
         skipped = sim.first.get(key, checkin.GO) != checkin.GO
         if skipped and not excused and end > max(start, decided) + bounds.DECIDED.value * T + 1e-9:
             problems.append(f"rank {rank} waited {end - max(start, decided):g} at {tag} after its skip stood")
@@ -759,7 +782,7 @@ def _waits(sim: Sim) -> list[str]:
         if end - start - own > bounds.CALL.value * T + 1e-9:
             problems.append(f"rank {rank}'s call {tag} took {end - start - own:g} > {bounds.CALL.value:g} T")
     for r in range(script.n):
-        slow = sum(seconds for q, (_, seconds) in script.slow.items() if q != r)
+        slow = sum(seconds for (q, _), seconds in sim.handling.items() if q != r)  # others' handlers' own time
         budget = bounds.DIVERGENCE.value * T * script.divergences + _ordinary_wait(script, r) + slow
         waited = sum(e[5] - e[4] for e in verdicts if e[1] == r) + sum(e[4] - e[3] for e in turns if e[1] == r)
         waited += sum(e[4] - e[3] for e in sim.events if e[0] == "agree" and e[1] == r)
@@ -787,8 +810,8 @@ def _ordinary_wait(script: Script, r: int) -> float:
 def _naming(sim: Sim) -> list[str]:
     """A rank named for not handing over had not when it was named (it died, was slow or behind a slow one), or
     it lost its connection, or junk stood in its key; and every rank before it had."""
-    script, problems = sim.script, []
-    excused = sim.dead | set(script.slow) | sim.failed | sim.junked_handoff
+    problems: list[str] = []
+    excused = sim.dead | {q for q, _ in sim.handling} | sim.failed | sim.junked_handoff  # slow handlers, nested calls
     for e in (e for e in sim.events if e[0] == "turns"):
         handed = sim.handed.get(f"b/h/{e[2]}/{e[5]}", math.inf)
         if e[5] is not None and e[5] not in excused and handed <= e[8]:
@@ -820,7 +843,7 @@ def _store(sim: Sim) -> list[str]:
     """At most 2N + 1 keys per site the schedule used and one marker per rank; + a junk key; + the deletions a
     failed connection or a death left undone; + a key per rank that never came back to a retired site."""
     script = sim.script
-    used = {a[1] for actions in script.actions.values() for a in actions if a[0] == "call"}
+    used = {name for _, name in sim.made}  # the sites some rank called at (a handler's nested calls included)
     junk = any(e[0] == "junk" for e in sim.events)
     # a failure strikes before deletions of its call (the verdict before, its key of call k-2) and the next call
     # there gives up at its first operation, before its own (its key of call k-1); a death stops the first two
@@ -839,7 +862,7 @@ def _records(sim: Sim) -> list[str]:
     for r in range(script.n):
         if r in sim.dead or any(e[0] == "killed by the launcher" for e in sim.events):
             continue
-        made = sum(a[0] == "call" for a in script.actions[r])
+        made = sim.made_calls.get(r, 0)
         for call in range(1, made + 1):
             count = sum(1 for m in emitted if m[:2] == (r, call))
             want = 0 if (r, call) in script.disabled else 1

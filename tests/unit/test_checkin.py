@@ -412,3 +412,15 @@ def test_the_first_calls_mode_agreement_is_on_the_modelled_path_and_costs_nothin
     agreed = [e for e in sim.events if e[0] == "agree"]
     assert len(agreed) == 3 and all(e[4] == e[3] for e in agreed)
     assert sim.data["mode"] == b"barrier"
+
+
+@pytest.mark.parametrize("n, seed", [(2, 0), (3, 1), (4, 2), (4, 3)])
+def test_a_handler_that_logs_in_order_in_its_turn_hangs_nothing_and_loses_no_record(n, seed):
+    """Every rank's handler makes an in_order call (site H) while emitting its record of call 2 at A: rank 0
+    before its check-in, the others in their turn. The nested calls cost a wait-for cycle, no hang, no loss,
+    no call over 1.5 T; the outer call keeps its own deadline and turn (`CheckIn.during_turn`)."""
+    script = loop(n, 4, ["A"], collective=False)
+    script.nested_at, script.divergences = 2, 1
+    sim, problems = run(script, seed)
+    assert [e for e in sim.events if e[0] == "call" and "train_H" in e[2]], "the handlers' calls ran"
+    assert not problems, problems
