@@ -426,7 +426,7 @@ def test_a_handler_that_logs_in_order_in_its_turn_hangs_nothing_and_loses_no_rec
     assert not problems, problems
 
 
-@pytest.mark.parametrize("seed", [7, 1001280, 1017850])
+@pytest.mark.parametrize("seed", [7, 1017850])
 def test_a_schedule_is_a_pure_function_of_its_seed(seed):
     first, again = explore(seed)[0], explore(seed)[0]
     assert repr(first.events) == repr(again.events) and first.data == again.data
