@@ -760,7 +760,11 @@ def _verdicts(sim: Sim) -> list[str]:
             problems.append(f"rank {rank} waited {end - start:g} > T at {tag}")
         key = "b/s/" + tag
         decided = sim.decided.get(key, math.inf)
-        excused = sim.writer.get(key, -1) in sim.dead | sim.failed  # its writer stopped before it woke the others
+        # its writer stopped before it woke the others; or junk stood there, and a failure or death in the call
+        # took the rank that would have read it and woken them
+        excused = sim.writer.get(key, -1) in sim.dead | sim.failed or (
+            sim.writer.get(key, -1) is None and tag in sim.touched
+        )
         if start > decided and not excused and end > start + bounds.LATE_AFTER_VERDICT.value * T + 1e-9:
             problems.append(f"rank {rank} came to {tag} after its verdict was written, and waited {end - start:g}")
         skipped = sim.first.get(key, checkin.GO) != checkin.GO
