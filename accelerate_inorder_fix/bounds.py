@@ -16,7 +16,7 @@ class Bound:
 
     Attributes:
         value: the number, in units of `unit`.
-        unit: "T" (the timeout) or "keys".
+        unit: "T" (the timeout), "keys", or "aborts" (at exit, beyond upstream's in the same run).
         meaning: the promise, in one line.
     """
 
@@ -37,6 +37,9 @@ DECIDED = Bound(0.0, "T", "once a call's verdict is a skip, no rank waits in it 
 KEYS_PER_SITE = Bound(2.0, "keys", "store keys per site used: 2N + 1 (counter, two verdicts, 2(N-1) handoff keys)")
 KEYS_PER_RANK = Bound(1.0, "keys", "store keys per rank: its one marker (`w/<r>`)")
 GATHER_POST = Bound(0.0, "T", "gather mode: a non-main rank's post never waits")
+GATHER_MAIN_ONLY = Bound(1.0, "T", "gather mode: a main-only call costs the main process one timeout per site, in all")
+GATHER_DEATH = Bound(1.25, "T", "gather mode: a dead rank costs the main process at most 1.25 T in all")
+EXIT_ABORTS = Bound(1.0, "aborts", "at exit, each mode aborts at most once more than upstream in the same runs")
 
 ALL: dict[str, Bound] = {
     "check_in": CHECK_IN,
@@ -49,6 +52,9 @@ ALL: dict[str, Bound] = {
     "keys_per_site": KEYS_PER_SITE,
     "keys_per_rank": KEYS_PER_RANK,
     "gather_post": GATHER_POST,
+    "gather_main_only": GATHER_MAIN_ONLY,
+    "gather_death": GATHER_DEATH,
+    "exit_aborts": EXIT_ABORTS,
 }
 
 
