@@ -405,3 +405,5 @@ def test_every_page_states_the_tables_numbers():
     ]
     assert len({(name, promise) for name, promise, *_ in stated}) >= 15, stated  # the scan reads the pages
     assert [entry for entry in stated if entry[2] != entry[3]] == []
+    unlinked = {name for name, *_ in stated} - {name for name, text in texts.items() if "promises.md" in text}
+    assert unlinked <= {"promises.md"}, f"state a bound without pointing at docs/promises.md: {unlinked}"
