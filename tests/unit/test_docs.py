@@ -407,3 +407,18 @@ def test_every_page_states_the_tables_numbers():
     assert [entry for entry in stated if entry[2] != entry[3]] == []
     unlinked = {name for name, *_ in stated} - {name for name, text in texts.items() if "promises.md" in text}
     assert unlinked <= {"promises.md"}, f"state a bound without pointing at docs/promises.md: {unlinked}"
+
+
+def test_every_docstring_states_the_tables_numbers():
+    """The package's docstrings (modules, classes, functions, `configure`'s): each bound stated is bounds.py's."""
+    import ast
+
+    stated = []
+    for path in sorted((REPO / "accelerate_inorder_fix").rglob("*.py")):
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docs = [ast.get_docstring(node) for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, kinds)]
+        for clause, sentence in (pair for doc in docs if doc for pair in _statements(doc)):
+            gather = "gather" in path.parts or _mode_of(sentence) == "gather"
+            stated += [(path.name, *bound, clause) for bound in _stated(clause, gather)]
+    assert len(stated) >= 5, stated  # the scan reads the docstrings
+    assert [entry for entry in stated if entry[2] != entry[3]] == []
