@@ -1,6 +1,8 @@
 """The documentation matches the code: the wire format docs/gather-mode.md shows is the one the main process
 decodes, and every test the protocol's invariants name exists; README starts with usage and its links resolve;
-the demo installs only what `check` needs; the pre-commit hook runs the lint command."""
+the demo installs only what `check` needs; the pre-commit hook runs the lint command; no page says a `go` calls a
+barrier; every bound a page, `status` or a docstring states is the number of bounds.py, whose table
+docs/promises.md shows."""
 
 import re
 import subprocess
