@@ -285,7 +285,7 @@ def stated_exit_aborts(clause):
 
 
 def _mode_of(text):
-    """ "gather" when `text` speaks of gather mode only, else "barrier"."""
+    """The mode `text` speaks of: gather when it names gather mode and not barrier mode, else barrier."""
     return "gather" if "gather" in text.lower() and "barrier" not in text.lower() else "barrier"
 
 
