@@ -9,8 +9,9 @@ Users set:
   unset, `1`/`on`/`true`/`yes` mean on. Any other word of these two means on, with one warning.
 - `ACCELERATE_INORDER_MODE`: `barrier` (default) or `gather`, in any case.
 - `ACCELERATE_INORDER_TIMEOUT`: seconds (a finite number > 0, default 30) the main process waits for a
-  rank's record in gather mode, and a rank waits for the main process's mode at its first in_order
-  call. `inf` is refused: every wait has a bound.
+  rank's record in gather mode, a rank's check-in in barrier mode, and a rank's wait for the main
+  process's mode at its first in_order call: T, the unit of every bound in `bounds.py` (docs/promises.md
+  shows them). `inf` is refused: every wait has a bound.
 
 A bad value never passes silently: it is said once per host, on stderr, by the host's local main
 process (`speaks_for_host`): which variable, which value, and what is used instead. Every process
@@ -235,7 +236,7 @@ def _say_bad_setting(name: str, raw: str, text: str) -> None:
 
 
 def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> None:
-    """Override the in_order mode and/or the gather timeout for this process.
+    """Override the in_order mode and/or the timeout for this process.
 
     Args:
         mode (`str`, *optional*): `"barrier"` or `"gather"` (any case). Call it with the same value on
@@ -243,9 +244,10 @@ def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> No
             it used before (a rank waits there for the main process's switch, at most the timeout).
             At the first in_order call, ranks that disagree take the main process's mode and say so;
             later, a switch made on a rank alone is refused there, with one line.
-        timeout (`float`, *optional*): the bound of every in_order wait: the main process's wait for a
-            rank's record in gather mode, a rank's wait for the others at a barrier-mode check-in; a
-            finite number greater than 0.
+        timeout (`float`, *optional*): T, the unit of every in_order bound (`bounds.py`): the main
+            process's wait for a rank's record in gather mode, a rank's wait for the others at a
+            barrier-mode check-in (a whole call waits at most `bounds.CALL`, 1.5 T); a finite number
+            greater than 0.
 
     `None` leaves a setting as it is. Raises `ValueError` on a bad value, and then changes nothing.
     """

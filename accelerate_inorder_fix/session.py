@@ -10,7 +10,8 @@ switches at the same call. A rank that switched alone (the main process did not 
 timeout) keeps the job's mode and says so once: no record is sent where nobody collects it.
 
 Waits. An agreement (or switch) wait and the check-in after it share one deadline, T after the call
-began: a call some rank skips costs T in all, even the first one.
+began: a call some rank skips costs T there, not 2 T, even the first one (the divergence, all sites of
+its step together, at most `bounds.DIVERGENCE`, 1.5 T).
 
 Each mode has its side, opened at its first call on the same store connection: `barrier.BarrierSide`
 (the check-in) and `gather.GatherSide` (posts or collection). A call's identity, its site and how many

@@ -22,7 +22,8 @@ read it after a timeout) takes its turn here (`Handoff.take_turns`): it waits fo
 (`CheckIn._forget_handoff`): call k-1 went (a skip retires the site), so every rank has left call k-2.
 At rest a site holds 2(N-1) handoff keys, and a retired site those of its last `go` and of its skip.
 
-**A rank that does not hand over** (it died, or its handlers hang) costs the call's one timeout, once.
+**A rank that does not hand over** (it died, or its handlers hang) costs each other rank at most 1.5 T in all
+(`bounds.DEATH`), with the check-in's absent rule.
 Every wait of a call, check-in and turns, ends at the check-in's deadline, T after it began; a rank
 that comes to a wait in its last quarter (its `go` came late, or its own handlers were slow) waits a
 quarter of T from then, so that a healthy chain is not cut short. A rank whose wait runs out looks for

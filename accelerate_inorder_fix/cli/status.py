@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from .. import __version__, _upstream, hook_status
+from .. import __version__, _upstream, bounds, hook_status
 from .. import config as _config
 from .._patcher import is_patched
 from ..config import SETTINGS
@@ -110,18 +110,21 @@ def setting_facts() -> dict[str, Any]:
     return facts
 
 
-# What each mode does in a job, for `status` (README "Choosing a mode" says the same at length).
+# What each mode does in a job, for `status` (README "Two modes" says the same at length); its bounds are
+# bounds.py's, as docs/promises.md's table shows them.
 MODE_MEANS = {
     "barrier": (
         "each in_order call checks in through the job's c10d store (torchrun, accelerate launch, any env:// "
         "job); when every rank has made it, the ranks hand their turns over through that store (no barrier), "
-        "and a call some ranks skip costs "
-        "at most one timeout and is named; without a c10d store (no default process group, XLA) plain "
+        f"and a call some ranks skip costs each rank at most {bounds.DIVERGENCE.value:g} timeouts in all and is "
+        "named (bounds: docs/promises.md); without a c10d store (no default process group, XLA) plain "
         "barriers run, as upstream"
     ),
     "gather": (
         "each rank's record goes through the job's c10d store to the main process, which prints every "
-        "call's records in rank order; without a c10d store, barrier mode"
+        "call's records in rank order; a post never waits, and a call only the main process makes costs it "
+        f"{bounds.GATHER_MAIN_ONLY.value:g} timeout per site in all (bounds: docs/promises.md); without a c10d "
+        "store, barrier mode"
     ),
 }
 

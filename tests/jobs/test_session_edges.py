@@ -1,7 +1,7 @@
 """Promises at the session's edges, on real jobs (3 CPU ranks, gloo, T = `ACCELERATE_INORDER_TIMEOUT` = 2 s):
 
-- a call some rank skips costs at most T in all, the job's first one too (its mode agreement and its
-  check-in share one deadline), and a gather-mode post never waits for the main process's mode word;
+- a call some rank skips costs at most T at that call, not 2 T, the job's first one too (its mode agreement
+  and its check-in share one deadline), and a gather-mode post never waits for the main process's mode word;
 - a forked process is not a rank, whenever it was forked (before its parent's first in_order call, or
   while a thread of its parent is inside one): it prints its own record at once and never blocks;
 - `configure(mode=...)` on one rank alone, mid-job, is refused on that rank with one line: no record lost;

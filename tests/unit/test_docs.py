@@ -1,6 +1,8 @@
 """The documentation matches the code: the wire format docs/gather-mode.md shows is the one the main process
 decodes, and every test the protocol's invariants name exists; README starts with usage and its links resolve;
-the demo installs only what `check` needs; the pre-commit hook runs the lint command."""
+the demo installs only what `check` needs; the pre-commit hook runs the lint command; no page says a `go` calls a
+barrier; every bound a page, `status` or a docstring states is the number of bounds.py, whose table
+docs/promises.md shows."""
 
 import re
 import subprocess
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from accelerate_inorder_fix import bounds
 from accelerate_inorder_fix.gather import queues, records
 
 
@@ -165,3 +168,259 @@ def test_no_page_says_a_go_calls_wait_for_everyone():
     texts["status"] = "\n\n".join(status.MODE_MEANS.values())
     wrong = [(name, s) for name, text in texts.items() for s in _sentences(text) if says_a_go_runs_barriers(s)]
     assert wrong == []
+
+
+# One source for each promise's number: accelerate_inorder_fix/bounds.py. docs/promises.md shows its table,
+# and every page, README and `status` that states a bound in timeouts states that table's number.
+
+
+def _table_number(name, bound):
+    """How promises.md writes `bound`'s number: `1.5 T`, `2N + 1 keys`, `1 key`, `1 abort`."""
+    if name == "KEYS_PER_SITE":
+        assert all(bounds.keys_per_site(n) == bound.value * n + 1 for n in (1, 2, 64))
+        return f"{bound.value:g}N + 1 keys"
+    if bound.unit == "T":
+        return f"{bound.value:g} T"
+    return f"{bound.value:g} {bound.unit.rstrip('s') if bound.value == 1 else bound.unit}"
+
+
+def test_promises_md_table_is_bounds_py():
+    """docs/promises.md's table has a row per entry of `bounds.ALL`, with its number and meaning, and no other."""
+    text = (REPO / "docs" / "promises.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+?) \| ([^|]+?) \|$", text, re.MULTILINE)
+    shown = {name: (number, meaning) for name, number, meaning in rows}
+    wanted = {key.upper(): (_table_number(key.upper(), b), b.meaning) for key, b in bounds.ALL.items()}
+    table = "\n".join(f"| `{name}` | {number} | {meaning} |" for name, (number, meaning) in wanted.items())
+    assert len(rows) == len(shown)  # no row twice
+    assert shown == wanted, f"docs/promises.md's table should read:\n{table}"
+
+
+def test_gather_bounds_are_the_collectors_numbers():
+    """Gather mode is not in the explorer: its numbers are its collector's, one timeout and then its grace."""
+    from accelerate_inorder_fix.gather import collector
+
+    assert bounds.GATHER_DEATH.value == bounds.GATHER_MAIN_ONLY.value + collector.GRACE
+    assert bounds.GATHER_MAIN_ONLY.value == 1.0  # the main process's one deadline per call site
+
+
+# A statement of a bound, in one clause: "<subject> costs [each rank] at most <amount>", "<subject> costs <amount> in
+# all" (or "once", "per site", "per divergence"), or "<subject> waits at most <amount>". The subject says which
+# promise; the amount must be that promise's number. "<subject> costs <amount>" alone is one case's cost, not a
+# bound (a skip in the first step costs T/2): it is not checked.
+AMOUNT = (
+    r"(?P<amount>(?:\d+(?:\.\d+)?|one|a|two|half a|a quarter of a)\s+(?:`ACCELERATE_INORDER_TIMEOUT`|timeouts?\b)"
+    r"|\d+(?:\.\d+)?\s?T\b|T/\d\b|T\b(?![/=])|the timeout\b)"
+)
+COSTS = re.compile(
+    r"(?:\b(?:costs?|costing)\s+(?:(?:each|every) (?:other )?rank |the others? (?:ranks? )?|the main process |it )?"
+    r"(?P<most>at most )?|\bwaits? (?P<waits>at most)\s+)" + AMOUNT
+)
+WORDS = {"one": 1.0, "a": 1.0, "two": 2.0, "half a": 0.5, "a quarter of a": 0.25}
+# Which promise a subject names, first match wins (a main-only call is a kind of skip; a dead rank skips too).
+TOPICS = [
+    ("main_only", re.compile(r"main-only|only the main process makes|is_main_process", re.IGNORECASE)),
+    (
+        "death",
+        re.compile(r"\b(?:die[sd]?|death|dead|quiet|killed|stop(?:s|ped)?|does not hand over)\b", re.IGNORECASE),
+    ),
+    ("late_after_verdict", re.compile(r"\bafter (?:its|the) verdict\b", re.IGNORECASE)),
+    ("divergence", re.compile(r"\bskip|diverge|\blate\b|\b(?:does|do) not make\b", re.IGNORECASE)),
+    ("check_in", re.compile(r"check-in", re.IGNORECASE)),
+    ("call", re.compile(r"\bcall\b|\bwait\b", re.IGNORECASE)),
+]
+GATHER_TOPICS = {"main_only": "gather_main_only", "death": "gather_death"}
+IN_ALL = re.compile(r",?[^,;]*?\b(?:in all|once|per (?:divergence|site|call site))\b|\s*at most\b")
+
+
+def _amount(text):
+    """An amount of timeouts as written (`1.5 T`, `T/2`, `half a timeout`, `one ACCELERATE_INORDER_TIMEOUT`)."""
+    text = text.strip()
+    if text in ("T", "the timeout"):
+        return 1.0
+    if text.startswith("T/"):
+        return 1.0 / float(text[2:])
+    count = re.match(r"(\d+(?:\.\d+)?|one|a quarter of a|half a|two|a)\s", text)
+    return float(count.group(1)) if count.group(1)[0].isdigit() else WORDS[count.group(1)]
+
+
+def stated_bounds(clause, gather=False):
+    """[(promise, amount stated, the table's number)] for each bound `clause` states; `gather`: of gather mode.
+
+    Parenthesised asides (what it cost before, a measured figure, how a bound adds up) are not statements."""
+    clause = _unaside(clause)
+    gather = gather or _mode_of(clause) == "gather"
+    found = []
+    for match in COSTS.finditer(clause):
+        subject = clause[: match.start()]
+        topic = next((name for name, words in TOPICS if words.search(subject)), None)
+        after = clause[match.end() :]
+        bound = match.group("most") or match.group("waits") or IN_ALL.match(after)
+        history = after.lstrip().startswith("before")  # what it cost before a fix
+        if topic is None or not bound or history or (gather and topic not in GATHER_TOPICS):
+            continue
+        promise = GATHER_TOPICS[topic] if gather else topic
+        found.append((promise, _amount(match.group("amount")), bounds.ALL[promise].value))
+    return found
+
+
+KEY_COUNT = re.compile(r"\b(\d*)N \+ (\d+)\b")  # "2N + 1": barrier mode's store keys per site
+
+
+def stated_key_counts(clause):
+    """[(count stated, whether it is `bounds.keys_per_site`)] for each "aN + b" of `clause` outside its asides."""
+    found = []
+    for per_rank, more in KEY_COUNT.findall(_unaside(clause)):
+        same = all(int(per_rank or 1) * n + int(more) == bounds.keys_per_site(n) for n in (1, 2, 3))
+        found.append((f"{per_rank}N + {more}", same))
+    return found
+
+
+EXIT_STATED = re.compile(r"\baborts? (?:at exit )?at most (once|twice|\d+ times) more than upstream")
+
+
+def stated_exit_aborts(clause):
+    """[aborts stated] for each "aborts at most N more than upstream" of `clause`: `EXIT_ABORTS`' number."""
+    counts = {"once": 1.0, "twice": 2.0}
+    return [counts.get(said) or float(said.split()[0]) for said in EXIT_STATED.findall(_unaside(clause))]
+
+
+def _mode_of(text):
+    """The mode `text` speaks of: gather when it names gather mode and not barrier mode, else barrier."""
+    return "gather" if "gather" in text.lower() and "barrier" not in text.lower() else "barrier"
+
+
+def _unaside(text):
+    """`text` without its parenthesised asides (two levels deep)."""
+    return re.sub(r"\([^()]*\)", "", re.sub(r"\([^()]*\([^()]*\)[^()]*\)", "", text))
+
+
+def _statements(text):
+    """(clause, its sentence) of a page's prose (see `_sentences`) and of its table cells, asides taken out."""
+    lines = text.splitlines()
+    prose = "\n".join("" if line.startswith("|") else line for line in lines)
+    cells = [cell for line in lines if line.startswith("|") for cell in line.split("|")]
+    for sentence in [*_sentences(_unaside(prose)), *(_unaside(cell) for cell in cells)]:
+        yield from ((clause, sentence) for clause in re.split(r"(?<=,) (?=so |and |but )|; |: ", sentence))
+
+
+@pytest.mark.parametrize(
+    ("clause", "promise", "stated", "right"),
+    [
+        ("so a call that some ranks skip costs at most 1.5 timeouts in all", "divergence", 1.5, True),
+        ("a call some ranks skip costs at most one timeout and is named", "divergence", 1.0, False),  # status, before
+        (
+            "A call that some ranks do not make costs at most one `ACCELERATE_INORDER_TIMEOUT` per call site",
+            "divergence",
+            1,
+            False,
+        ),
+        (
+            "a call some rank skips costs at most one timeout in all, the job's first call too",
+            "divergence",
+            1.0,
+            False,
+        ),
+        ("so a death costs each rank 1.5 T in all (before: T, then T at the next call)", "death", 1.5, True),
+        ("a main-only call before an every-rank call costs half a timeout, once", "main_only", 0.5, True),
+        ("a main-only call before an every-rank call costs one timeout, once", "main_only", 1.0, False),
+        ("A call waits at most 1.5 T", "call", 1.5, True),
+        ("A call waits at most T", "call", 1.0, False),
+        (
+            "a rank that comes to a call after its verdict was written costs it 0 T in all",
+            "late_after_verdict",
+            0,
+            True,
+        ),
+        ("a call only the main process makes (in a loop) costs one timeout for its site in all", "main_only", 1, True),
+        ("A dead rank therefore costs at most 1.25 timeouts in all, not one per site (gather)", "death", 1.25, True),
+        ("a quiet (dead) rank costs one timeout in all (gather)", "death", 1.0, False),  # testing.md, before
+    ],
+)
+def test_the_bound_detector_reads_the_promise_and_its_number(clause, promise, stated, right):
+    gather = clause.endswith("(gather)") or "only the main process" in clause
+    ((found, amount, table),) = stated_bounds(clause, gather=gather)
+    assert (found, amount) == ((GATHER_TOPICS[promise] if gather else promise), stated)
+    assert (amount == table) is right
+
+
+@pytest.mark.parametrize(
+    "clause",
+    [
+        "a rank skips one call in a loop with a collective per step | one timeout (3.1 s) |",  # measured, no bound
+        "the stopped one is given up within T/2 in all",  # a part of a bound, not what the death costs
+        "Calls that find one still absent wait for it half a timeout *in all*, then give up at once",
+        "two dead ranks cost 1.75 T before",  # the subject's cost is not the verb "costs <amount>" ... before
+        "`check`'s own watchdog, the seconds a job may print nothing before it counts as deadlocked",
+    ],
+)
+def test_the_bound_detector_ignores_what_is_not_a_promise(clause):
+    assert all(stated == table for _, stated, table in stated_bounds(clause))
+
+
+@pytest.mark.parametrize(
+    ("clause", "right"),
+    [
+        ("a late last arrival at a call given up leaves 2N + 1 keys", True),
+        ("a late last arrival at a call given up, 2N + 1 keys (2N + 2)", True),  # what it left before
+        ("a late last arrival at a call given up leaves 2N + 2 keys", False),
+    ],
+)
+def test_the_key_count_detector(clause, right):
+    ((_, same),) = stated_key_counts(clause)
+    assert same is right
+
+
+@pytest.mark.parametrize(
+    ("clause", "aborts"),
+    [
+        ("in interleaved runs each mode aborts at exit at most once more than upstream in the same run", [1.0]),
+        ("each mode aborts at most twice more than upstream in the same runs", [2.0]),
+        ("torch 2.13 with gloo can still abort at exit on its own", []),
+    ],
+)
+def test_the_exit_detector(clause, aborts):
+    assert stated_exit_aborts(clause) == aborts
+
+
+def _stated(clause, gather):
+    """[(promise, stated, the table's number)] for every bound, key count and exit tolerance `clause` states."""
+    keys = _table_number("KEYS_PER_SITE", bounds.KEYS_PER_SITE)
+    return [
+        *stated_bounds(clause, gather),
+        *(("keys_per_site", count, count if same else keys) for count, same in stated_key_counts(clause)),
+        *(("exit_aborts", count, bounds.EXIT_ABORTS.value) for count in stated_exit_aborts(clause)),
+    ]
+
+
+def test_every_page_states_the_tables_numbers():
+    """README, every docs/*.md page and `status`'s text: each bound stated is the one bounds.py holds."""
+    from accelerate_inorder_fix.cli import status
+
+    texts = {page.name: page.read_text() for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
+    texts.update({f"status: {mode}": means for mode, means in status.MODE_MEANS.items()})
+    gather_pages = {"gather-mode.md", "status: gather"}
+    stated = [
+        (name, *bound, clause)
+        for name, text in texts.items()
+        for clause, sentence in _statements(text)
+        for bound in _stated(clause, name in gather_pages or _mode_of(sentence) == "gather")
+    ]
+    assert len({(name, promise) for name, promise, *_ in stated}) >= 15, stated  # the scan reads the pages
+    assert [entry for entry in stated if entry[2] != entry[3]] == []
+    unlinked = {name for name, *_ in stated} - {name for name, text in texts.items() if "promises.md" in text}
+    assert unlinked <= {"promises.md"}, f"state a bound without pointing at docs/promises.md: {unlinked}"
+
+
+def test_every_docstring_states_the_tables_numbers():
+    """The package's docstrings (modules, classes, functions, `configure`'s): each bound stated is bounds.py's."""
+    import ast
+
+    stated = []
+    for path in sorted((REPO / "accelerate_inorder_fix").rglob("*.py")):
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        docs = [ast.get_docstring(node) for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, kinds)]
+        for clause, sentence in (pair for doc in docs if doc for pair in _statements(doc)):
+            gather = "gather" in path.parts or _mode_of(sentence) == "gather"
+            stated += [(path.name, *bound, clause) for bound in _stated(clause, gather)]
+    assert len(stated) >= 5, stated  # the scan reads the docstrings
+    assert [entry for entry in stated if entry[2] != entry[3]] == []
