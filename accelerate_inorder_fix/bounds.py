@@ -1,0 +1,62 @@
+"""The documented bounds of an in_order call: one table that the documents, `status` and the checker share.
+
+Each time is in units of the timeout T (`ACCELERATE_INORDER_TIMEOUT`); each count is in store keys. The
+schedule explorer (tests/unit/explorer.py) checks every schedule against these numbers, per rank and per
+divergence, so a number changed here is a promise changed everywhere. Stdlib only: the bottom layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One promise's number.
+
+    Attributes:
+        value: the number, in units of `unit`.
+        unit: "T" (the timeout) or "keys".
+        meaning: the promise, in one line.
+    """
+
+    value: float
+    unit: str
+    meaning: str
+
+
+CHECK_IN = Bound(1.0, "T", "a rank's check-in (the wait for a call's verdict) ends within T")
+CALL = Bound(1.5, "T", "a call on any rank (mode agreement, check-in and turns) waits at most 1.5 T")
+DEATH = Bound(1.5, "T", "a rank that dies costs each other rank at most 1.5 T of waiting, in all")
+DIVERGENCE = Bound(
+    1.5, "T", "a call some rank skips (or a rank late past T) costs each rank at most 1.5 T, per divergence"
+)
+MAIN_ONLY = Bound(0.5, "T", "a main-only call before an every-rank call costs half a timeout, once")
+LATE_AFTER_VERDICT = Bound(0.0, "T", "a rank that comes to a call after its verdict was written waits 0")
+DECIDED = Bound(0.0, "T", "once a call's verdict is a skip, no rank waits in it any more")
+KEYS_PER_SITE = Bound(2.0, "keys", "store keys per site used: 2N + 1 (counter, two verdicts, 2(N-1) handoff keys)")
+KEYS_PER_RANK = Bound(1.0, "keys", "store keys per rank: its one marker (`w/<r>`)")
+GATHER_POST = Bound(0.0, "T", "gather mode: a non-main rank's post never waits")
+
+ALL: dict[str, Bound] = {
+    "check_in": CHECK_IN,
+    "call": CALL,
+    "death": DEATH,
+    "divergence": DIVERGENCE,
+    "main_only": MAIN_ONLY,
+    "late_after_verdict": LATE_AFTER_VERDICT,
+    "decided": DECIDED,
+    "keys_per_site": KEYS_PER_SITE,
+    "keys_per_rank": KEYS_PER_RANK,
+    "gather_post": GATHER_POST,
+}
+
+
+def keys_per_site(world_size: int) -> int:
+    """The store keys one call site may hold at rest, at `world_size` ranks: 2N + 1."""
+    return int(KEYS_PER_SITE.value) * world_size + 1
+
+
+def store_keys(world_size: int, sites: int) -> int:
+    """The store keys barrier mode may hold at rest: 2N + 1 per site used, and one marker per rank."""
+    return keys_per_site(world_size) * sites + int(KEYS_PER_RANK.value) * world_size
