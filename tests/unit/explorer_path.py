@@ -92,6 +92,8 @@ class PathScript:
         start_word: the main process's start word is written before any call (`mode.publish_started`).
         die_at: actor -> the store operation it dies at.
         one_sided: the non-main rank that switches alone (`configure` on that rank only), if any.
+        nested_at: k > 0: the main process's log handler, emitting the first record of call k at A (any
+            rank's), makes an in_order call itself, at H (in the main process's collector, mid-block).
     """
 
     n: int
@@ -101,6 +103,7 @@ class PathScript:
     start_word: bool = False
     die_at: dict[int, int] = field(default_factory=dict)
     one_sided: Optional[int] = None
+    nested_at: int = 0  # the main process's handler, emitting a record of call k at A, logs in_order at H (once)
     notes: list[str] = field(default_factory=list)
 
 
@@ -133,6 +136,16 @@ class SimLock:
         self.release()
 
 
+class NoLock(SimLock):
+    """A lock that excludes nobody: the mutation `calls-without-the-lock`."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
+
+
 class PathSim(Sim):
     """`explorer.Sim` with actors that wait for a lock or for their fork, and a clock the product reads."""
 
@@ -146,6 +159,8 @@ class PathSim(Sim):
         self.warnings: list[tuple[int, str]] = []
         self.calls: list[tuple[int, str, str, float, float]] = []  # (actor, site, mode, start, end)
         self.posted: dict[str, float] = {}  # message -> when its call returned (the record made)
+        self.actors: dict[int, Actor] = {}
+        self.nested = False  # the handler made its in_order call (`PathScript.nested_at`)
         self.kept_counts: list[int] = []  # after each main call: the records the collector keeps
         self.kept_ages: list[float] = []  # after each main call: how long each others-only site's records were kept
 
@@ -209,8 +224,22 @@ class Handler(logging.Handler):
         super().__init__()
         self.sim = sim
 
+    def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+        """Without the handler's own lock: the simulated processes share this handler, and a nested call stops
+        its actor mid-emit (in its own process, another thread would wait for that lock: not so across them)."""
+        self.emit(record)
+        return True
+
     def emit(self, record: logging.LogRecord) -> None:
-        self.sim.emitted.append((self.sim.actor(), record.getMessage(), self.sim.now))
+        sim, text = self.sim, record.getMessage()
+        actor = sim.actor()
+        sim.emitted.append((actor, text, sim.now))
+        nested = sim.path.nested_at
+        if nested and actor == 0 and text.endswith(f".A {nested}") and not sim.nested:
+            sim.nested = True
+            caller, began = sim.actors[actor], sim.now
+            caller.call("H")
+            caller.handled += sim.now - began
 
 
 class Actor:
@@ -223,6 +252,7 @@ class Actor:
         self.is_main_process = self.rank == 0
         self.calls = 0
         self.at_site: dict[str, int] = {}  # site letter -> this actor's calls there
+        self.handled = 0.0  # seconds its handler spent in its own in_order calls (`PathScript.nested_at`)
 
     # accelerate's PartialState, as the session and `barrier_call` use it
     def wait_for_everyone(self) -> None:
@@ -235,7 +265,7 @@ class Actor:
         session, settings, sim = self.process.session, self.process.settings, self.sim
         msg = f"call {self.actor}.{self.thread}.{letter} {self.at_site[letter]}"
         adapter = self.process.adapter
-        start = sim.now
+        start, handled = sim.now, self.handled
         with session.lock:
             queued, start = sim.now - start, sim.now  # behind another thread's call: that call's wait, not this one's
             site = SITES[letter]
@@ -245,7 +275,8 @@ class Actor:
             else:
                 record = turns.Record(adapter, logging.INFO, msg, (), {}, session.origin(self))
                 turns.barrier_call(self, lambda: session.check_in(self, settings, site, record), record)
-        sim.calls.append((self.actor, letter, agreed, start, sim.now))
+        # A call the handler made inside this one is timed on its own, not as this call's wait
+        sim.calls.append((self.actor, letter, agreed, start, sim.now - (self.handled - handled)))
         sim.events.append(("queued", self.actor, letter, queued))
         sim.posted[msg] = sim.now
         if self.rank == 0 and agreed == "gather" and self.thread != "child":
@@ -326,10 +357,12 @@ def _messages(block: dict[int, Any]) -> list[str]:
 class Process:
     """A simulated process: its session (opened on this rank's in-memory connection), settings and logger."""
 
+    lock = SimLock  # the session's lock, as the scheduler's: re-entrant, exclusive
+
     def __init__(self, sim: PathSim, rank: int, own: str, logger: logging.Logger) -> None:
         self.settings = ActorSettings(own)
         self.session = session_module.InOrderSession(lambda timeout: (WatchedConnection(sim, rank), None))
-        self.session.lock = SimLock(sim)  # type: ignore[assignment]
+        self.session.lock = self.lock(sim)  # type: ignore[assignment]
         self.adapter = Adapter(logger)
 
 
@@ -401,6 +434,9 @@ def _gather(rng: random.Random, script: PathScript, kind: str) -> None:
             script.actions[a] = [("delay", round(rng.uniform(0.0, 0.3) * T, 3)), ("call", "A")] * rng.randint(1, 4)
     if kind == "fork":
         _fork(rng, script)
+    if kind != "fork" and rng.random() < 0.3:
+        script.nested_at = rng.randint(1, steps)
+        script.notes.append(f"nested: the main's handler at A call {script.nested_at}")
 
 
 def _fork(rng: random.Random, script: PathScript) -> None:
@@ -455,15 +491,19 @@ class _Clock:
 def run(path: PathScript, seed: int = 0) -> tuple[PathSim, list[str]]:
     """Run `path` on the schedule `seed` picks; the finished simulation and its invariant violations."""
     sim = PathSim(seed, path)
+    actors: dict[int, Actor] = {}
+    sim.actors = actors
     logger = logging.getLogger(f"{LOGGER}.{seed}")
     logger.propagate, logger.level = False, logging.INFO
     handler = Handler(sim)
     logger.addHandler(handler)
     processes = {r: Process(sim, r, path.job_mode, logger) for r in range(path.n)}
-    actors = {
-        a: Actor(sim, a, processes[r] if t != "child" else Process(sim, r, path.job_mode, logger))
-        for a, (r, t) in path.actors.items()
-    }
+    actors.update(
+        {
+            a: Actor(sim, a, processes[r] if t != "child" else Process(sim, r, path.job_mode, logger))
+            for a, (r, t) in path.actors.items()
+        }
+    )
 
     def warn(text: str) -> None:
         sim.warnings.append((sim.actor(), text))
@@ -636,6 +676,7 @@ MUTATIONS: dict[str, tuple[Any, str, Any]] = {
     "child-is-a-rank": (session_module.InOrderSession, "after_fork_in_child", _child_is_a_rank),
     "one-sided-switch-taken": (session_module.InOrderSession, "_switch", _one_sided_switch_taken),
     "others-only-release-off": (collector_module.Collector, "_release_others_only", lambda self: None),
+    "calls-without-the-lock": (Process, "lock", NoLock),
     "block-in-reverse": (collector_module.Collector, "_emit_block", _emit_reversed),
     "exit-without-seal": (queues.StoreInbox, "seal", lambda self, rank: []),
 }
@@ -656,6 +697,8 @@ def coverage(sim: PathSim) -> set[str]:
     kinds |= {"fault:" + note.partition(":")[0] for note in sim.path.notes[1:]}
     kinds |= {"start word" if sim.path.start_word else "no start word"}
     kinds |= {"mode:" + agreed for _, _, agreed, _, _ in sim.calls}
+    kinds |= {"nested call made"} if sim.nested else set()
+    kinds |= {"fork while held"} if any(e[0] == "fork while held" for e in sim.events) else set()
     return kinds
 
 

@@ -137,3 +137,16 @@ def test_the_path_explorer_stays_fast_enough_for_the_unit_tier():
     for seed in range(100):
         explore(seed)
     assert time.monotonic() - start < 4.5
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_handler_that_logs_in_order_mid_block_costs_its_own_call_only(n):
+    """The main process's handler, emitting a record of call 2 at A, makes an in_order call (a main-only site,
+    H) inside the collector's block: no hang, every record once, the outer call's own wait in bound."""
+    script = gather_job(n, 4)
+    script.nested_at = 2
+    sim, problems = run(script)
+    assert not problems, problems
+    assert sim.nested and [c for c in sim.calls if c[1] == "H"] and len(sim.posted) == 4 * n + 1
+    outer = [c for c in sim.calls if c[0] == 0 and c[1] == "A"]
+    assert all(end - start <= bounds.CALL.value * T for _, _, _, start, end in outer)
