@@ -64,6 +64,7 @@ from explorer import Connection, Killed, Request, Script, Sim  # noqa: E402
 from accelerate_inorder_fix import bounds  # noqa: E402
 from accelerate_inorder_fix import session as session_module  # noqa: E402
 from accelerate_inorder_fix.barrier import turns  # noqa: E402
+from accelerate_inorder_fix.barrier.side import BarrierSide  # noqa: E402
 from accelerate_inorder_fix.gather import collector as collector_module  # noqa: E402
 from accelerate_inorder_fix.gather import queues  # noqa: E402
 from accelerate_inorder_fix.gather import side as gather_side  # noqa: E402
@@ -177,9 +178,36 @@ class PathSim(Sim):
             return q.rank in self.forked
         if q.kind == "held":
             return bool(q.args[0].owner is not None or q.args[1] in self.ended)
-        if q.kind == "collective":  # the ranks' main threads alone make collectives (no fork, no threads then)
-            return all(a in self.pending and self.pending[a].kind == "collective" for a in self._alive())
+        if q.kind == "collective":
+            return self._collective() is not None
         return bool(super()._runnable(q))
+
+    def _collective(self) -> Optional[list[Request]]:
+        """One barrier of the process group: an actor of every rank still running waits in a collective (a
+        rank's threads share its process group; a forked child is no member), or None while one does not."""
+        group: dict[int, Request] = {}
+        members = {r for a, (r, t) in self.path.actors.items() if t != "child" and a not in self.ended}
+        for q in sorted(self.pending.values(), key=lambda q: q.rank):
+            rank, thread = self.path.actors[q.rank]
+            if q.kind == "collective" and thread != "child":
+                group.setdefault(rank, q)
+        return list(group.values()) if set(group) == members else None
+
+    def _step(self) -> bool:
+        """`explorer.Sim._step`, with this simulation's process group (`_collective`)."""
+        ready = [q for q in self.pending.values() if self._runnable(q)]
+        if not ready:
+            return False
+        q = self.rng.choice(sorted(ready, key=lambda q: q.rank))
+        if q.kind == "collective":
+            self._pair(self._collective() or [])
+            return True
+        del self.pending[q.rank]
+        if q.kind == "op":
+            self._operate(q)
+        q.done = True
+        self._resume(q.rank)
+        return True
 
 
 class WatchedConnection(Connection):
@@ -389,6 +417,9 @@ def draw(seed: int) -> PathScript:
     n = rng.randint(2, 4)
     script = PathScript(n, {r: (r, "main") for r in range(n)}, {}, start_word=rng.random() < 0.5)
     script.notes.append(kind)
+    if kind in ("fork", "threads") and rng.random() < 0.4:
+        script.job_mode = "barrier"
+        script.notes.append("barrier: the job's mode")
     if kind == "switch":
         _switch(rng, script)
     else:
@@ -511,7 +542,13 @@ def run(path: PathScript, seed: int = 0) -> tuple[PathSim, list[str]]:
     def gather_warning(self: gather_side.GatherSide, text: str) -> None:
         sim.warnings.append((sim.actor(), text))
 
+    def barrier_side(*args: Any, **kwargs: Any) -> Any:
+        side = BarrierSide(*args, **kwargs)
+        side.checkin.clock = sim.monotonic  # the check-in's deadlines on the virtual clock, as the session's
+        return side
+
     with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(session_module, "BarrierSide", barrier_side))
         for module in (session_module, collector_module, mode):
             stack.enter_context(mock.patch.object(module, "time", _Clock(sim)))
         stack.enter_context(mock.patch.object(session_module, "_warn", warn))

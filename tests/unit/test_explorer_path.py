@@ -150,3 +150,18 @@ def test_a_handler_that_logs_in_order_mid_block_costs_its_own_call_only(n):
     assert sim.nested and [c for c in sim.calls if c[1] == "H"] and len(sim.posted) == 4 * n + 1
     outer = [c for c in sim.calls if c[0] == 0 and c[1] == "A"]
     assert all(end - start <= bounds.CALL.value * T for _, _, _, start, end in outer)
+
+
+@pytest.mark.parametrize("main_only", [False, True])
+def test_a_rank_dead_from_its_first_post_costs_the_main_process_at_most_the_death_bound(main_only):
+    """No ordinary delays: every wait of the main process is for the dead rank (or the main-only site's once)."""
+    script = gather_job(3, 10, delay=0.0)
+    script.die_at[2] = 1
+    if main_only:
+        for k in range(10, 0, -1):
+            script.actions[0].insert(2 * k, ("call", "M"))
+    sim, problems = run(script)
+    assert not problems, problems
+    waited = sum(end - start for actor, _, _, start, end in sim.calls if actor == 0)
+    assert sim.dead == {2} and waited <= (bounds.DEATH.value + main_only) * T, waited / T
+    assert sum(1 for actor, text, _ in sim.emitted if actor == 0 and "call" in text) == 20 + 10 * main_only
