@@ -123,4 +123,16 @@ def call_site(body: UpstreamBody) -> Site:
         frame = frame.f_back
     if frame is None:
         return ("?", "?", 0)
-    return (os.path.basename(frame.f_code.co_filename), frame.f_code.co_name, frame.f_lineno)
+    return (_file_name(frame), frame.f_code.co_name, frame.f_lineno)
+
+
+def _file_name(frame: Any) -> str:
+    """The file of `frame` as its module's path under its import root (`pkg/sub/train.py`), the same on every
+    host whatever the absolute paths; two files of one basename differ there. A script (`__main__`), or
+    code without a module, is named by its basename."""
+    base: str = os.path.basename(frame.f_code.co_filename)
+    module = getattr(frame, "f_globals", {}).get("__name__")
+    if not isinstance(module, str) or module == "__main__":
+        return base
+    package = module if base == "__init__.py" else module.rpartition(".")[0]
+    return f"{package.replace('.', '/')}/{base}" if package else base

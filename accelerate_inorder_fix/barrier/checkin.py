@@ -37,11 +37,14 @@ calls there are logged at once, without the store. A rank that missed call k com
 with its own count k (every earlier call there went, so it made those), finds the `skip`, and retires
 the site too: call numbers never drift apart, and the divergence costs one wait, once.
 
-Three shortcuts keep that one wait short:
+Four shortcuts keep that one wait short:
 - a rank arriving after the `skip` reads it at once (the retired call's key is never deleted);
 - ranks a timed-out call named missing are *absent* until they check in somewhere again: calls
   that find one still absent wait for it half a timeout in all, then give up at once (`_absent`):
   a rank that skipped a whole step, or died, costs 1.5 T, and one a little late is still waited for;
+- a rank that counts all N arrivals at its deadline and finds no verdict writes the `go` itself: the
+  last arrival stopped between its count and its `go`, so every other rank is absent until it checks in
+  again (`_suspect`), and the stopped one costs 1.5 T in all, as one a timeout named;
 - halfway through a wait, a rank looks where the missing ranks wait (`w/<q>`): if they wait at
   another call that is waiting for us (a wait-for cycle: rank 0 at a main-only call, the others at
   the next call), one of the two is given up, the call the others skipped (`_first`).
@@ -104,7 +107,7 @@ class Call:
     @classmethod
     def parse(cls, marker: bytes) -> Optional[Call]:
         site, _, k = marker.decode("utf-8", "replace").rpartition("/")
-        return cls(site, int(k)) if site and k.isdigit() else None
+        return cls(site, int(k)) if site and k.isascii() and k.isdigit() else None  # '²'.isdigit() too
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ class Verdict:
             fields = json.loads(blob[len(SKIP) :]) if blob.startswith(SKIP) else {}
             missing = {int(q): str(m) for q, m in fields["missing"].items()}
             return cls(False, str(fields["why"]), int(fields["by"]), missing, str(fields["other"]))
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):  # a forged deep nesting too
             return cls(False, "damaged")
 
 
@@ -191,6 +194,7 @@ class CheckIn:
         self.woken = False  # the latest check-in's wait ended on a write to this rank's wake key (`_wake_key`)
         self.on_wake: Optional[Callable[[Call], None]] = None  # of the latest check-in (`verdict`)
         self.untidy: Optional[Call] = None  # the latest check-in wrote its go, and has deletions to make
+        self.stalled = False  # the latest check-in counted every arrival at its deadline, but found no verdict
 
     def verdict(self, site: Site, timeout: float, on_wake: Optional[Callable[[Call], None]] = None) -> Verdict:
         """Check this process's next call at `site` in, and return the verdict every rank follows.
@@ -207,6 +211,7 @@ class CheckIn:
         state.before, state.last = state.last, self.calls
         call = Call(state.name, state.count)
         self.deadline, self.woken, self.on_wake, self.untidy = self.clock() + timeout, False, on_wake, None
+        self.stalled = False
         try:
             verdict = self._check_in(call, self.deadline, timeout)
         except Exception:  # noqa: BLE001 -- the store failed under us: one more try, on a new connection
@@ -219,6 +224,8 @@ class CheckIn:
                 self.patience = timeout / 2
             if verdict.why in ("timeout", "absent"):
                 self.absent.update((q, m) for q, m in verdict.missing.items() if q != self.rank)
+        if self.stalled:
+            self._suspect(call, timeout)
         return verdict
 
     def last_call(self, site: Site) -> Call:
@@ -228,9 +235,28 @@ class CheckIn:
 
     def named(self, rank: int) -> None:
         """`rank` did not hand over its turn (`handoff`): absent, like a rank a timed-out call named, until
-        it checks in somewhere again. Its wait was the call's whole timeout: no patience is added."""
+        it checks in somewhere again. Its wait was the call's whole timeout: no patience is added, and
+        what this call waited past its deadline comes off what is left (a death costs 1.5 T in all)."""
         if rank not in self.absent:
             self.absent[rank] = self._peek(MARK + str(rank)).decode("utf-8", "replace")
+        self.patience = max(0.0, self.patience - max(0.0, self.clock() - self.deadline))
+
+    def during_turn(self, record: Callable[[], None]) -> None:
+        """`record()`, this rank's turn, with this call's state kept: a log handler may make an in_order
+        call of its own in it, whose check-in would otherwise leave its deadline, wake and deletions here."""
+        kept = self.deadline, self.woken, self.on_wake, self.untidy, self.stalled
+        try:
+            record()
+        finally:
+            self.deadline, self.woken, self.on_wake, self.untidy, self.stalled = kept
+
+    def _suspect(self, call: Call, timeout: float) -> None:
+        """At this rank's deadline every rank had come to `call` but one stopped (died) between two of its
+        writes: its count and its `go` (the `go` is written for it), or its marker and its count (the call
+        is given up, naming nobody). Which one is not known: every other rank is absent until it checks in
+        again, with half a timeout of patience, so the one that stopped costs 1.5 T in all."""
+        self.absent.update((q, call.marker.decode()) for q in range(self.world_size) if q != self.rank)
+        self.patience = timeout / 2
 
     # -- one call ---------------------------------------------------------------------------------
 
@@ -239,7 +265,10 @@ class CheckIn:
         arrived = int(self.store.add(call.counter, 1))
         last = call.k * self.world_size
         if arrived == last:  # its turn may come next (rank 1's is the chain's first): deletions after it
-            return Verdict.decode(self._decide(call, GO, tidy_later=True))
+            blob = self._decide(call, GO, tidy_later=True)
+            if blob != GO:  # given up before this rank came: no turns, so no `tidy_up`
+                self._forget_handoff(call)
+            return Verdict.decode(blob)
         if not last - self.world_size < arrived < last:  # a counter someone else wrote to
             return Verdict.decode(self._give_up(call, "damaged", {}))
         self._forget_handoff(call)
@@ -277,9 +306,12 @@ class CheckIn:
         if blob is None:
             blob = self._read_verdict(call, deadline)
         if blob is None:
-            if self._count(call) == call.k * self.world_size:  # all came: the last one's `go` is on its way
+            if self._count(call) == call.k * self.world_size:  # all came: the `go` is ours to write if it is not there
+                self.stalled = not self.store.check([call.key])  # its last arrival stopped before it (`_suspect`)
                 return self._decide(call, GO)
-            return self._give_up(call, "timeout", self._missing(call))
+            missing = self._missing(call)
+            self.stalled = not missing  # every rank's marker is here, not every count: one stopped between them
+            return self._give_up(call, "timeout", missing)
         return blob
 
     def _give_up(self, call: Call, why: str, missing: dict[int, str], other: Optional[Call] = None) -> bytes:
@@ -294,14 +326,25 @@ class CheckIn:
         reading it): it stays, with the retired site."""
         blob = bytes(self.store.compare_set(call.key, "", verdict))
         if blob != verdict:
-            return blob
-        if verdict != GO:  # wake the ranks that wait at a handoff key instead
-            for q in range(1, self.world_size):
-                self.store.set(call.handoff(q), SKIPPED)
+            return self._junk_wakes(call, blob)
+        if verdict != GO:
+            self._wake_all(call)
         elif tidy_later:
             self.untidy = call
         elif call.k > 1:
             self.store.delete_key(Call(call.site, call.k - 1).key)
+        return blob
+
+    def _wake_all(self, call: Call) -> None:
+        """A skip: wake the ranks that wait at a handoff key, not at the verdict key (`_wake_key`)."""
+        for q in range(1, self.world_size):
+            self.store.set(call.handoff(q), SKIPPED)
+
+    def _junk_wakes(self, call: Call, blob: bytes) -> bytes:
+        """`blob`, the verdict read; junk there (a skip no rank wrote, so none woke the others) wakes them:
+        a decided call costs nobody a wait."""
+        if blob != GO and Verdict.decode(blob).why == "damaged":
+            self._wake_all(call)
         return blob
 
     def _after_failure(self, call: Call) -> Verdict:
@@ -340,7 +383,9 @@ class CheckIn:
             self.on_wake(call)
         self.woken = True
         blob = peek(self.store, call.key)  # there: every write to a wake key follows the verdict
-        return blob if blob is not None else self._give_up(call, "damaged", {})  # junk woke us, before any verdict
+        if blob is None:  # junk woke us, before any verdict
+            return self._give_up(call, "damaged", {})
+        return self._junk_wakes(call, blob)
 
     def wait_for(self, key: str, deadline: float) -> bool:
         """Whether a write to `key` ends this rank's wait before `deadline`.
@@ -400,7 +445,7 @@ class CheckIn:
         others skipped (`_first`): ours (its verdict returned) or theirs (None: we wait on)."""
         markers = self._markers()
         if self.store.check([call.key]):  # decided meanwhile: read it, give nothing else up
-            return bytes(self.store.get(call.key))
+            return self._junk_wakes(call, bytes(self.store.get(call.key)))
         here = {self.rank} | {q for q, m in markers.items() if m == call.marker}
         elsewhere: dict[bytes, set[int]] = {}
         for q, m in markers.items():
@@ -422,21 +467,38 @@ class CheckIn:
         """Of two calls waiting for each other, the one to give up.
 
         The ranks at `other` passed `ours` by, or `ours` is a call they never make: so if, in this
-        rank's last round, `ours`'s site came before `other`'s, and `other` is this rank's next call
-        there, `ours` is the one they skipped. Without that history (the first round), the call fewer
-        ranks made; on a tie, the one the lowest rank waits at (main-process-only calls are the usual
+        rank's last round, `ours`'s site came before `other`'s (a site never made before counts as
+        earliest), and `other` is this rank's next call there, `ours` is the one they skipped. Without
+        any history (neither site made before: the first round), the call at the earlier line when
+        both sites are in one file (one step's code runs down the file); else the call fewer ranks
+        made, and on a tie the one the lowest rank waits at (main-process-only calls are the usual
         mistake). Ranks at `other` decide the same from their own history.
         """
-        mine = self._state(ours.site)
-        theirs = self._state(other.site)
-        if mine is not None and theirs is not None and theirs.count == other.k - 1 and mine.before and theirs.last:
-            return ours if mine.before < theirs.last else other
+        mine, theirs = self._state(ours.site), self._state(other.site)
+        before = mine.before if mine is not None else 0
+        count, last = (theirs.count, theirs.last) if theirs is not None else (0, 0)
+        if count == other.k - 1 and (before or last):
+            return ours if before < last else other
+        earlier = _earlier_line(ours.site, other.site)
+        if earlier is not None:
+            return ours if earlier == ours.site else other
         if (len(here), min(here)) <= (len(there), min(there)):
             return ours
         return other
 
     def _state(self, name: str) -> Optional[_SiteState]:
         return next((s for s in self.sites.values() if s.name == name), None)
+
+
+def _earlier_line(a: str, b: str) -> Optional[str]:
+    """Of two site names (`site_name`) in one file, the one at the earlier line; None otherwise."""
+    ours, theirs = a.rsplit(":", 2), b.rsplit(":", 2)
+    if len(ours) != 3 or len(theirs) != 3 or ours[0] != theirs[0]:
+        return None
+    lines = [int(p[1]) if p[1].isascii() and p[1].isdigit() else -1 for p in (ours, theirs)]
+    if min(lines) < 0 or lines[0] == lines[1]:
+        return None
+    return a if lines[0] < lines[1] else b
 
 
 def is_timeout(exc: Exception) -> bool:

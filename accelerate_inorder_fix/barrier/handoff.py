@@ -30,13 +30,17 @@ the first rank whose handoff is missing (`check`, which wakes nobody). If that i
 for, it names it, takes its turn and hands over, so the ranks after it go on at once. If the break is
 further up, the rank right after the break is doing just that: it waits a quarter of T more for it, so
 the survivors' records stay in rank order and one rank names the one that broke the chain (every rank
-waiting for the last one, when that was the last). So a call waits T at most, 1.25 T past a break,
-1.5 T when it also came late. The named rank is *absent* for the check-in (`CheckIn.named`): until it
+waiting for the last one, when that was the last). A break before a rank's own turn is one it has
+stepped over: its wait for the last rank looks only past itself (`_first_missing`). So a call waits T at
+most, 1.25 T past a break, 1.5 T when it also came late. The named rank is *absent* for the check-in (`CheckIn.named`): until it
 checks in again, the next call gives up at once instead of waiting for it again.
 
 **Junk in a handoff key** wakes its waiter, which takes its turn: that call's order may not hold (a
 rank that waited for its turn after its check-in says so once); no record is lost or repeated, no
 wait grows. Junk there before any verdict gives the call up ("damaged").
+
+**A log handler may log in_order** in its rank's turn: that call's check-in runs inside this one, so the
+turn keeps this call's state (`CheckIn.during_turn`).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ def turn_on_wake(side: CheckIn, record: Callable[[], None]) -> Optional[Callable
         return None
 
     def take_turn(call: Call) -> None:
-        record()
+        side.during_turn(record)
         side.store.set(call.handoff(side.rank), HANDED)
 
     return take_turn
@@ -74,7 +78,7 @@ class Handoff:
     """One rank's turns of one `go` call.
 
     Attributes:
-        named: the rank this one named for not handing over (None: the chain held).
+        named: the first rank this one named for not handing over (None: the chain held).
     """
 
     def __init__(self, side: CheckIn, call: Call, timeout: float) -> None:
@@ -91,7 +95,7 @@ class Handoff:
                 if not self.woken:
                     if self.rank > 1:
                         self._receive(self.rank - 1)
-                    record()
+                    self.side.during_turn(record)
                     self.side.store.set(self.call.handoff(self.rank), HANDED)
             self.side.tidy_up()
             if self.rank < self.last and not (self.rank == 0 and self.woken):
@@ -124,12 +128,16 @@ class Handoff:
         return True
 
     def _first_missing(self, m: int) -> Optional[int]:
-        """The first rank, up to `m`, whose handoff is not in the store; None when all are (rank m's came just now)."""
+        """The first rank, up to `m`, whose handoff is not in the store; None when all are (rank m's came just now).
+        Past this rank's own turn: a break before it is one this rank has stepped over (it named it, or
+        the rank after it did), and is waited for no more."""
         store = self.side.store
-        return next((q for q in range(1, m + 1) if not store.check([self.call.handoff(q)])), None)
+        first = self.rank + 1 if m > self.rank else 1
+        return next((q for q in range(first, m + 1) if not store.check([self.call.handoff(q)])), None)
 
     def _give_up(self, missing: int) -> None:
-        self.named = missing
+        if self.named is None:
+            self.named = missing
         self.side.named(missing)
         then = "takes its turn and hands over" if self.rank > missing else "returns"
         warn_once(

@@ -55,6 +55,11 @@ def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> 
             f"in_order call at {where}: rank(s) {named} had not made it and were waiting at another in_order call "
             f"({verdict.other}) for the ranks here; given up halfway through the wait so that one could go on; {tail}"
         )
+    elif verdict.why == "timeout" and not verdict.missing:
+        text = (
+            f"in_order call at {where}: every rank came to it, but one stopped in its check-in (it died, or hangs) "
+            f"and the call was not decided within {timeout:g} s (ACCELERATE_INORDER_TIMEOUT); {tail}."
+        )
     elif verdict.why == "absent":
         text = (
             f"in_order call at {where}: rank(s) {named} had not made it, missing since an earlier in_order call "
