@@ -33,7 +33,8 @@ After each schedule `check` holds, at the numbers of `accelerate_inorder_fix.bou
 - after each main call, the collector keeps the records of a site the main process never called from for
   less than T since it first kept one there (then the site is others-only, its records emitted as found):
   its kept state does not grow per call;
-- a switch made on one rank only: one warning there, the job's mode kept, no record lost;
+- a switch: each call made in the same mode on every rank; one made on one rank only: one warning
+  there, the job's mode kept, no record lost;
 - a forked child touches no store, never waits, never blocks on its parent's lock;
 - nothing hangs.
 """
@@ -647,12 +648,22 @@ def _kept(sim: PathSim) -> list[str]:
 
 
 def _switches(sim: PathSim) -> list[str]:
-    """A one-sided switch: one warning on that rank about it, and (in the exactly-once check) no record lost."""
+    """A switch: every rank makes each call in the same mode (a switch on every rank is taken at the same call,
+    one on one rank only not at all); one made on one rank only: one warning there (and, in the exactly-once
+    check, no record lost)."""
+    problems = []
+    if any(action[0] == "configure" for actions in sim.path.actions.values() for action in actions):
+        modes: dict[int, set[str]] = {}  # call number -> the modes the ranks made it in
+        made: dict[int, int] = {}
+        for actor, _, agreed, _, _ in sim.calls:
+            made[actor] = made.get(actor, 0) + 1
+            modes.setdefault(made[actor], set()).add(agreed)
+        problems += [f"call {k} made in modes {sorted(m)} across the ranks" for k, m in modes.items() if len(m) > 1]
     r = sim.path.one_sided
     if r is None:
-        return []
+        return problems
     said = [text for actor, text in sim.warnings if actor == r and "configure(mode=" in text]
-    return [] if len(said) == 1 else [f"one-sided switch on rank {r}: {len(said)} warnings about it"]
+    return problems + ([] if len(said) == 1 else [f"one-sided switch on rank {r}: {len(said)} warnings about it"])
 
 
 def _children(sim: PathSim) -> list[str]:
