@@ -12,11 +12,13 @@ operation hands control back, time moves only when nothing can run, so a seed is
     python tests/unit/explorer_path.py --schedules 2000        # a run, with its coverage table
 
 What a seed draws (`draw`): 2-4 ranks in gather mode (calls every rank makes, main-only calls, calls only
-the other ranks make, a rank that dies at a store operation); or a `configure` switch made on every rank
-(gather to barrier) or on one non-main rank only, in a barrier-mode job; or a process forked before the
-first call, or while another thread of the rank holds the session lock; or two threads per rank sharing
-one session; and whether the main process's start word (`mode/started`, written when the process group
-starts) is there. Threads are actors of the scheduler sharing one session whose `lock` is a scheduler
+the other ranks make, a rank that dies at a store operation or whose connection fails there, the main
+process's handler logging in_order mid-block); or a `configure` switch made on every rank (gather to
+barrier) or on one non-main rank only, in a barrier-mode job; or a process forked before the first
+call, after it, or while another thread of the rank holds the session lock; or two threads per rank
+sharing one session (forks and threads in either mode); and whether the main process's start word
+(`mode/started`, written when the process group starts) is there. `--reply-lost` also lets a failure
+strike after the server applied the post (a known gap: that record comes out twice). Threads are actors of the scheduler sharing one session whose `lock` is a scheduler
 lock (`SimLock`, re-entrant as the session's `RLock`): a thread that finds it held stops until it is
 free, so the interleavings are the scheduler's, not the OS's. A fork copies the session (with its lock,
 held or not, as `os.fork` would) into a new actor, then runs the session's own at-fork hook
@@ -26,7 +28,7 @@ After each schedule `check` holds, at the numbers of `accelerate_inorder_fix.bou
 - every record made exactly once, by whoever emits it (the main process, or the rank itself when its
   record cannot reach the main process); a forked child's records by the child itself;
 - in the main process's stream, each rank's records of one site in call order, and a block's records in
-  rank order;
+  rank order (not at an others-only site, whose records go out as found);
 - a non-main rank's gather-mode post never waits (`bounds.GATHER_POST`) once the start word is there, and
   after its first call always; no call waits over `bounds.CALL` once it holds the session lock (the time a
   thread waits for the lock is the other thread's calls': the lock is not fair, as an `RLock` is not);
@@ -36,7 +38,7 @@ After each schedule `check` holds, at the numbers of `accelerate_inorder_fix.bou
 - a switch: each call made in the same mode on every rank; one made on one rank only: one warning
   there, the job's mode kept, no record lost;
 - a forked child touches no store, never waits, never blocks on its parent's lock;
-- nothing hangs.
+- nothing hangs (a hang is reported with every actor's place).
 """
 
 from __future__ import annotations
