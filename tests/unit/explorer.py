@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import math
 import random
 import sys
@@ -477,6 +478,7 @@ class Rank:
         self.call_tag = ""
         self.in_turns = False  # inside a `go` call's handoff turns
         self.nested = False  # its handler made its in_order call already (`Script.nested_at`)
+        self.deadline: Optional[float] = None  # set by the first call's mode agreement
 
     def _reconnect(self) -> Connection:
         if self.rank in self.sim.script.reconnect_fails:
@@ -514,15 +516,20 @@ class Rank:
             self.sim.handling[key] = self.sim.handling.get(key, 0.0) + self.sim.now - began
         self.sim.events.append(("emit", self.rank, msg, self.sim.now))
 
-    def _verdict(self, site: Any, timeout: float, on_wake: Any = None) -> checkin.Verdict:
-        verdict = checkin.CheckIn.verdict(self.side, site, timeout, on_wake)
+    def _verdict(self, site: Any, timeout: float, *more: Any, **named: Any) -> checkin.Verdict:
+        verdict = checkin.CheckIn.verdict(self.side, site, timeout, *more, **named)
         self.verdicts.append(verdict)
         return verdict
 
     def check_in(self, state: Any, settings: Any, site: Any, record: Any) -> Any:
         """The session's barrier-mode check-in (`BarrierSide.check_in`: the verdict, its warnings, the turns)."""
         start, call, tag = self.sim.now, self.calls, self.call_tag
-        outcome = self.barrier.check_in(site, T, record)
+        if self.deadline is not None and "deadline" in inspect.signature(self.barrier.check_in).parameters:
+            # a session whose first call's agreement and check-in share one deadline
+            outcome = self.barrier.check_in(site, T, record, deadline=self.deadline)
+        else:
+            outcome = self.barrier.check_in(site, T, record)
+        self.deadline = None
         verdict = self.verdicts[-1]  # its own: a nested call made in its turn (on the wake) returns before it
         gone = self.rank in self.sim.gone  # it could not read the verdict: what it followed is its own
         self.sim.events.append(("verdict", self.rank, tag, verdict, start, self.sim.now, call, gone))
@@ -549,6 +556,7 @@ class Rank:
         connection: the main process publishes its word, every other rank waits for it up to T. A failure, or
         no word in time, leaves the rank on its own setting (barrier mode here, as everywhere in the explorer)."""
         start = self.sim.now
+        self.deadline = start + T  # the call's, for a check-in that takes it (`BarrierSide.check_in(deadline=)`)
         try:
             if self.rank == 0:
                 mode.publish_mode(self.side.store, "barrier")
