@@ -249,7 +249,8 @@ class InOrderSession:
         self._gather_tried = True
 
     def _reconnect(self) -> Store:
-        """A fresh store connection for the check-in, after its own failed (`CheckIn.reconnect`).
+        """A fresh store connection, after one failed: the check-in's (`CheckIn.reconnect`), a post's
+        (`GatherSide`).
 
         Opened as the first one was, with the timeout in effect now: its own timeout is that plus 5 s,
         never the process group's (`connection.open_store`).
@@ -308,6 +309,7 @@ class InOrderSession:
                             state.num_processes,
                             settings.timeout(),
                             self.origin(state),
+                            self._reconnect,
                         )
                     self._gather_tried = True
         return self._gather
