@@ -66,6 +66,8 @@ class InOrderSession:
         # Held for the whole of one in_order call, in both modes (re-entrant: a handler may log).
         self.lock = threading.RLock()
         self._open_store = open_store
+        # After a failure: the job's own store only if its server answers (a dead one would hold a clone).
+        self._reopen_store = connection.reopen_store if open_store is connection.open_store else open_store
         # (this process's setting then, its configure() generation then, the mode in use)
         self._agreement: Optional[tuple[str, int, str]] = None
         self._switches = 0  # mode switches since the agreement: the main process's word for each (`mode`)
@@ -249,12 +251,13 @@ class InOrderSession:
         self._gather_tried = True
 
     def _reconnect(self) -> Store:
-        """A fresh store connection for the check-in, after its own failed (`CheckIn.reconnect`).
+        """A fresh store connection, after one failed: the check-in's (`CheckIn.reconnect`), a post's
+        (`GatherSide`).
 
         Opened as the first one was, with the timeout in effect now: its own timeout is that plus 5 s,
-        never the process group's (`connection.open_store`).
+        never the process group's; and only if the store's server answers within it (`connection.reopen_store`).
         """
-        store, reason = self._open_store(SETTINGS.timeout())
+        store, reason = self._reopen_store(SETTINGS.timeout())
         if store is None:
             raise RuntimeError(reason)
         return store
@@ -308,6 +311,7 @@ class InOrderSession:
                             state.num_processes,
                             settings.timeout(),
                             self.origin(state),
+                            self._reconnect,
                         )
                     self._gather_tried = True
         return self._gather

@@ -36,6 +36,10 @@ The invariants, each with the test that guards it (unit tests in tests/unit, job
   comes out exactly once (test_collector_delivery.py::test_every_record_exactly_once_in_rank_order_within_the_bound).
 - The key is the record: a copy that is missing, damaged or read too early costs only itself, and the
   main process reads the key (test_collector.py::test_record_whose_copy_is_gone_or_damaged_comes_from_its_own_key).
+- A post whose connection fails asks again on a fresh one (`Outbox.resend`): a `compare_set` the server
+  applied before the reply was lost does not make the rank print the record too
+  (test_explorer_path.py::test_a_post_applied_before_its_connection_failed_is_emitted_once;
+  test_faults.py::test_gather_post_applied_before_its_reply_was_lost_comes_out_once).
 - A delta copy is used only against the full copy the main process decoded as its base
   (test_copies.py::test_a_delta_whose_base_was_not_read_is_not_used).
 - The main process deletes nothing but the slot it read, and writes its read marks every
@@ -149,6 +153,27 @@ class Outbox:
                 pass
         return True
 
+    def resend(self, store: Store, n: int, payload: bytes) -> bool:
+        """After post `n` raised: ask `store` (a fresh connection) whether it landed, and post it if not.
+
+        One atomic `compare_set(key, "", payload)` answers all three: the payload (the first post landed,
+        or this one did: delivered, the main process emits it), or the tombstone (sealed: False, the rank
+        prints it). Anything else there raises: the record did not land. Delivered, the outbox goes on
+        on `store` (a failed connection stays failed).
+
+        Args:
+            store: a fresh connection to the job's store (prefixed).
+            n (`int`): the place of the post that raised in this rank's queue.
+            payload (`bytes`): what that post sent.
+        """
+        answer = bytes(store.compare_set(key(self.rank, n), "", payload))
+        if answer == TOMBSTONE:
+            return False
+        if answer != payload:
+            raise RuntimeError(f"key {key(self.rank, n)} holds another record")
+        self.store, self.sent = store, n + 1
+        return True
+
     def clean(self, sent: int) -> None:
         """Delete this rank's first `sent` records, those the main process has read.
 
@@ -232,8 +257,8 @@ class StoreInbox:
         Records of the call `current` go into `into` (`{rank: entry}`, a delta copy's record deferred);
         the others come back as `(rank, (identity, entry))`, in order.
         A copy is appended before the rank writes its key, so the key will hold the same record: taking
-        the copy takes the record. (If the rank's store connection fails between the two, the rank may
-        print the record too: the one case where a record can come out twice.)
+        the copy takes the record. (If the rank's store connection fails between the two, the rank writes
+        the key on a fresh connection; only a rank that cannot open one prints the record too.)
         """
         if not self.slotted:
             return []

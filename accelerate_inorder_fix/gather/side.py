@@ -11,7 +11,7 @@ delivered and seals every queue: a record posted after that is printed by the ra
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .._callsite import Identity
 from .._diagnostics import warn_every, warn_once
@@ -78,14 +78,25 @@ class GatherSide:
         rank, world_size: this process's place in the job.
         timeout (`float`): `ACCELERATE_INORDER_TIMEOUT` when the side opens (a call may bring a newer one).
         origin (`Origin`): this process's rank and host, for its records.
+        reconnect (`Callable[[], Store]`, *optional*): a fresh connection, for a post whose own failed
+            (None: the rank prints that record itself).
     """
 
-    def __init__(self, store: Store, rank: int, world_size: int, timeout: float, origin: Origin) -> None:
+    def __init__(
+        self,
+        store: Store,
+        rank: int,
+        world_size: int,
+        timeout: float,
+        origin: Origin,
+        reconnect: Optional[Callable[[], Store]] = None,
+    ) -> None:
         self._outbox: Optional[queues.Outbox] = None
         self._collector: Optional[_collector.Collector] = None
         self._logger_name = "root"
         self._main_gone = False
         self._origin = origin
+        self._reconnect = reconnect
         if rank == 0:
             inbox = queues.StoreInbox(store, world_size)
             self._collector = _collector.Collector(inbox, world_size, timeout, self._warning)
@@ -140,13 +151,37 @@ class GatherSide:
                 payload, document = records.encode(identity, record)
                 if len(payload) > records.MAX_PAYLOAD:
                     payload = self._shrink(identity, payload, document)
-                if self._outbox.post(payload, document):
+                if self._send(self._outbox, payload, document):
                     return
                 _warn("the main process has finished; this rank prints its own in_order records from now on")
             except Exception as exc:  # undeliverable: print it here rather than lose it
                 _warn(f"gather mode could not send a record to the main process, printing it on this rank: {exc!r}")
             self._main_gone = True
         self._print_here(record)
+
+    def _send(self, outbox: queues.Outbox, payload: bytes, document: list[Any]) -> bool:
+        """`outbox.post`; if it raises, ask again on a fresh connection (`Outbox.resend`), so that a post
+        the server applied before the reply was lost is not printed here too. Without a fresh connection
+        the post's error stands and the rank prints the record: only then can it come out twice.
+
+        Args:
+            outbox: this rank's outbox.
+            payload (`bytes`), document: the record as sent, and its data.
+        """
+        n = outbox.sent
+        try:
+            return outbox.post(payload, document)
+        except Exception as exc:
+            if outbox.sent > n:  # the key was written; what raised came after it
+                return True
+            if self._reconnect is None:
+                raise
+            try:
+                delivered = outbox.resend(self._reconnect(), n, payload)
+            except Exception:
+                raise exc from None  # the post's own error says why the record is printed here
+            _warn(f"gather mode's store connection failed during a post ({exc!r}); a fresh connection settled it")
+            return delivered
 
     def _shrink(self, identity: Identity, payload: bytes, document: list[Any]) -> bytes:
         """A record too large for the store, cut to fit (`records.shrink`); a warning for each (rate-limited).

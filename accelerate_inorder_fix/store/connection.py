@@ -14,6 +14,7 @@ further connection of its own (`own_connection`), or does not run at all.
 from __future__ import annotations
 
 import datetime
+import socket
 from typing import Any, Optional
 
 
@@ -43,6 +44,36 @@ def open_store(timeout: float) -> tuple[Optional[Store], Optional[str]]:
     if store is None:
         return None, "the process group has no c10d store"
     return dist.PrefixStore(PREFIX, _clone(store, timeout) or store), None  # type: ignore[attr-defined]
+
+
+def reopen_store(timeout: float) -> tuple[Optional[Store], Optional[str]]:
+    """`open_store`, after a connection of ours failed: only if the store's server takes a TCP connection
+    within `timeout` s. Cloning a connection to a dead server would retry for the process group's
+    timeout (minutes), since the clone connects before its own timeout is set.
+
+    Args:
+        timeout (`float`): seconds, the call's timeout.
+    """
+    reason = _unreachable(timeout)
+    return (None, reason) if reason else open_store(timeout)
+
+
+def _unreachable(timeout: float) -> Optional[str]:
+    """Why the job's store server does not answer within `timeout` s; None when it does, or has no address."""
+    store = _default_store()
+    for _ in range(8):  # a PrefixStore over a PrefixStore ... over the TCPStore
+        inner = getattr(store, "underlying_store", None)
+        if inner is None:
+            break
+        store = inner
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    if not isinstance(host, str) or not isinstance(port, int):
+        return None
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"the job's store server at {host}:{port} does not answer ({exc})"
 
 
 def process_group_connection() -> Optional[Store]:

@@ -286,6 +286,27 @@ def test_gather_mode_a_skipped_call_shifts_that_ranks_later_records_back_one_blo
     assert done(job.lines, "skips_one") == {0, 1, 2}
 
 
+def test_gather_post_applied_before_its_reply_was_lost_comes_out_once():
+    """Rank 1's second post: the server applies its `compare_set`, then the connection fails before the reply.
+    The rank asks again on a fresh connection, learns the record landed, and leaves it to the main process:
+    once, by r0 (the unfixed code printed it on rank 1 too: twice). Its next post goes out on that connection."""
+    env = env_for("1.15.0", "gather", ACCELERATE_INORDER_TIMEOUT=str(TIMEOUT))
+    job = torchrun(["reply_lost", "plain"], env, nproc=2, timeout=90)
+    assert_ended(job, 60)
+    found = records(job.lines)
+    hit = [key for key in found.elements() if key[:3] == ("reply_lost", 2, 1)]
+    assert hit == [("reply_lost", 2, 1, None, 0)], f"the lost reply's record, as written: {hit}"
+    for call in (1, 2, 3):
+        expect(found, "reply_lost", call, [0, 1])
+    expect(found, "plain", 1, [0, 1])
+    expect(found, "plain", 2, [0, 1])
+    assert not found, sorted(found)
+    assert done(job.lines, "reply_lost") == {0, 1}
+    assert max(results(job.lines, "reply_lost", "call2")[1], results(job.lines, "reply_lost", "call3")[1]) < TIMEOUT
+    assert len(warnings(job.stderr, "a fresh connection settled it")) == 1
+    assert "could not send a record" not in job.stderr and "Traceback" not in job.stderr, job.stderr[-3000:]
+
+
 def test_two_nodes_disagreeing_on_mode_use_the_main_process_mode(tmp_path):
     """`ACCELERATE_INORDER_MODE=gather` exported on node 1 only: barrier mode everywhere, node 1's ranks say so."""
     node_env = ("", "ACCELERATE_INORDER_MODE=gather ")

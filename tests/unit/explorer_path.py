@@ -17,10 +17,11 @@ process's handler logging in_order mid-block); or a `configure` switch made on e
 barrier) or on one non-main rank only, in a barrier-mode job; or a process forked before the first
 call, after it, or while another thread of the rank holds the session lock; or two threads per rank
 sharing one session (forks and threads in either mode); and whether the main process's start word
-(`mode/started`, written when the process group starts) is there. `--reply-lost` also lets a failure
-strike after the server applied the post (a known gap: that record comes out twice). Threads are actors of the scheduler sharing one session whose `lock` is a scheduler
-lock (`SimLock`, re-entrant as the session's `RLock`): a thread that finds it held stops until it is
-free, so the interleavings are the scheduler's, not the OS's. A fork copies the session (with its lock,
+(`mode/started`, written when the process group starts) is there. A failed connection strikes before or
+after the server applied the operation (a post whose reply was lost: the rank asks again on a fresh
+connection, and the record comes out once). Threads are actors of the scheduler sharing one session
+whose `lock` is a scheduler lock (`SimLock`, re-entrant as the session's `RLock`): a thread that finds
+it held stops until it is free, so the interleavings are the scheduler's, not the OS's. A fork copies the session (with its lock,
 held or not, as `os.fork` would) into a new actor, then runs the session's own at-fork hook
 (`InOrderSession.after_fork_in_child`) there, as `os.register_at_fork` does in the child.
 
@@ -418,17 +419,6 @@ class Adapter:
 # -- schedules ------------------------------------------------------------------------------------
 
 
-class ReplyLost:
-    """Whether a failed connection may strike after the server applied the operation (`--reply-lost`).
-
-    Off by default: a post whose `compare_set` the server applied before the reply was lost is printed by
-    its rank (the post raised) and emitted by the main process (the key holds it): twice. A known gap
-    (docs/gather-mode.md, "The path explorer"), replayed with `--reply-lost --seed 78`.
-    """
-
-    on = False
-
-
 def draw(seed: int) -> PathScript:
     """The script of schedule `seed`: its kind (gather, switch, fork, threads), ranks, steps and faults."""
     rng = random.Random(seed)
@@ -482,7 +472,7 @@ def _gather(rng: random.Random, script: PathScript, kind: str) -> None:
     elif kind == "gather" and rng.random() < 0.3:
         failed = rng.randrange(1, n)
         script.fail_at[failed] = rng.randint(1, 3 * steps)
-        if rng.random() < 0.5 and ReplyLost.on:
+        if rng.random() < 0.5:
             script.applied.add(failed)
         script.notes.append(
             f"fail: rank {failed} at op {script.fail_at[failed]}{' (applied)' * (failed in script.applied)}"
@@ -775,6 +765,12 @@ def coverage(sim: PathSim) -> set[str]:
     kinds |= {"mode:" + agreed for _, _, agreed, _, _ in sim.calls}
     kinds |= {"nested call made"} if sim.nested else set()
     kinds |= {"fork while held"} if any(e[0] == "fork while held" for e in sim.events) else set()
+    kinds |= (
+        {"fail after applied"} if any(n.startswith("fail") and "(applied)" in n for n in sim.path.notes) else set()
+    )
+    kinds |= (
+        {"post settled anew"} if any("a fresh connection settled it" in text for _, text in sim.warnings) else set()
+    )
     return kinds
 
 
@@ -809,15 +805,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--first", type=int, default=0)
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--mutate", choices=sorted(MUTATIONS), help="break a promise on purpose")
-    parser.add_argument("--reply-lost", action="store_true", help="failures after the server applied a post too")
     args = parser.parse_args(argv)
-    ReplyLost.on = args.reply_lost
     seeds = [args.seed] if args.seed is not None else list(range(args.first, args.first + args.schedules))
     start = time.monotonic()
     failures, counts = shard(seeds, args.mutate, args.verbose)
     for seed, problems in failures:
-        flag = " --reply-lost" if ReplyLost.on else ""
-        print(f"seed {seed} FAILED (replay: python tests/unit/explorer_path.py --seed {seed}{flag} -v): {problems}")
+        print(f"seed {seed} FAILED (replay: python tests/unit/explorer_path.py --seed {seed} -v): {problems}")
     explorer.print_coverage(counts, len(seeds))
     print(f"{len(seeds)} schedules, {len(failures)} failed, {time.monotonic() - start:.1f} s")
     return 1 if failures else 0

@@ -179,3 +179,45 @@ def test_a_block_of_delta_copies_comes_out_whole_and_in_rank_order():
         collector.emit_call((SITE, count), _record(count, 0))
         assert seen == [(f"step {count} r{rank}", None, 7) for rank in range(4)]
         seen.clear()
+
+
+class _LosesReplies:
+    """A post connection whose record `compare_set`s the server applies (`applied`) or not, then fails."""
+
+    def __init__(self, store, applied):
+        self.store, self.applied = store, applied
+
+    def append(self, key, value):
+        self.store.append(key, value)
+
+    def compare_set(self, key, expected, desired):
+        if self.applied:
+            self.store.compare_set(key, expected, desired)
+        raise ConnectionError("connection closed")
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_post_whose_connection_failed_is_settled_once_on_a_fresh_one(applied):
+    """Applied before the reply was lost, or not applied: asked again, the record is in its key once, the
+    outbox goes on on the fresh connection, and the main process takes each record once."""
+    store = FakeStore()
+    outbox = queues.Outbox(_LosesReplies(store, applied), 1, background=False)
+    payload = records.encode((SITE, 1), _record(1, 1))[0]
+    with pytest.raises(ConnectionError):
+        outbox.post(payload)
+    assert outbox.resend(store, 0, payload) and outbox.store is store and outbox.sent == 1
+    assert bytes(store.data[queues.key(1, 0)]) == payload
+    outbox.post(records.encode((SITE, 2), _record(2, 1))[0])
+    inbox = queues.StoreInbox(store, 2)
+    taken = inbox.take_many([1]) + inbox.take_many([1])
+    assert [identity for identity, _entry in taken] == [(SITE, 1), (SITE, 2)] and inbox.seal(1) == []
+
+
+def test_a_post_that_meets_the_seal_on_its_fresh_connection_is_the_ranks_to_print():
+    store = FakeStore()
+    queues.StoreInbox(store, 2).seal(1)
+    outbox = queues.Outbox(_LosesReplies(store, False), 1, background=False)
+    payload = records.encode((SITE, 1), _record(1, 1))[0]
+    with pytest.raises(ConnectionError):
+        outbox.post(payload)
+    assert not outbox.resend(store, 0, payload) and bytes(store.data[queues.key(1, 0)]) == queues.TOMBSTONE

@@ -255,10 +255,53 @@ def main_first(r):
     return "stop"
 
 
+class _RepliesLost:
+    """A rank's post connection whose next record `compare_set` the server applies, then the reply is lost: it
+    raises, and the connection stays failed (as a TCPStore client's does). Everything else passes through."""
+
+    def __init__(self, store, rank):
+        self._store, self._rank, self._broken = store, rank, False
+
+    def compare_set(self, key, expected, desired):
+        if self._broken:
+            raise _connection_error("injected: the store connection is closed")
+        answer = self._store.compare_set(key, expected, desired)
+        if key.startswith(f"{self._rank}/"):
+            self._broken = True
+            raise _connection_error("injected: the connection failed after the server applied compare_set")
+        return answer
+
+    def __getattr__(self, name):
+        if self._broken:
+            raise _connection_error("injected: the store connection is closed")
+        return getattr(self._store, name)
+
+
+def _connection_error(text):
+    import torch.distributed as dist
+
+    return getattr(dist, "DistNetworkError", RuntimeError)(text)
+
+
+def reply_lost(r):
+    """Rank 1's second post lands in the store, but its connection fails before the reply: each record once."""
+    from accelerate_inorder_fix.session import SESSION
+
+    r.log.info(f"reply_lost#1 r{r.index}", in_order=True)
+    if r.index == 1:
+        outbox = SESSION._gather.outbox  # test-only look inside: the post connection, as the package opened it
+        outbox.store = _RepliesLost(outbox.store, r.index)
+    for call in (2, 3):
+        start = time.monotonic()
+        r.log.info(f"reply_lost#{call} r{r.index}", in_order=True)
+        r.result("reply_lost", f"call{call}", round(time.monotonic() - start, 3))
+
+
 CASES = {
     f.__name__: f
     for f in (
         plain,
+        reply_lost,
         payloads,
         quiet_main,
         main_waits,
