@@ -523,7 +523,8 @@ class Rank:
 
     def check_in(self, state: Any, settings: Any, site: Any, record: Any) -> Any:
         """The session's barrier-mode check-in (`BarrierSide.check_in`: the verdict, its warnings, the turns)."""
-        start, call, tag = self.sim.now, self.calls, self.call_tag
+        # the call its record belongs to: rank 0's handler may have made a nested call before this check-in
+        start, call, tag = self.sim.now, record.msg[1], self.call_tag
         if self.deadline is not None and "deadline" in inspect.signature(self.barrier.check_in).parameters:
             # a session whose first call's agreement and check-in share one deadline
             outcome = self.barrier.check_in(site, T, record, deadline=self.deadline)
@@ -886,9 +887,11 @@ def _records(sim: Sim) -> list[str]:
         e[1][len("b/h/") :].rpartition("/")[0] for e in sim.events if e[0] == "junk" and e[1].startswith("b/h/")
     }
     calls = {tag: {(e[1], e[6]) for e in sim.events if e[0] == "verdict" and e[2] == tag} for tag in gone}
-    # records of go calls that held (a skipped call's come out at once; a broken one's as they can)
-    ordered = set().union(*(calls[tag] for tag in gone - broken))
-    for tag in gone - broken - sim.touched:
+    # records of go calls that held (a skipped call's come out at once; a broken one's as they can; one a failure
+    # or death struck lets its rank leave before the others' records, which then come out after its next ones)
+    held = gone - broken - sim.touched
+    ordered = set().union(*(calls[tag] for tag in held))
+    for tag in held:
         members = calls[tag]
         order = [m[0] for m in emitted if (m[0], m[1]) in members]
         if order != sorted(order):

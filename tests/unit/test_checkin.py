@@ -430,3 +430,30 @@ def test_a_handler_that_logs_in_order_in_its_turn_hangs_nothing_and_loses_no_rec
 def test_a_schedule_is_a_pure_function_of_its_seed(seed):
     first, again = explore(seed)[0], explore(seed)[0]
     assert repr(first.events) == repr(again.events) and first.data == again.data
+
+
+def test_a_nested_call_before_rank_0s_check_in_leaves_the_outer_calls_records_its_own():
+    """Seed 40005625: rank 0's handler makes its nested call (its call 4) while emitting its record of call 3,
+    before that call's check-in; the checker took call 3's records to be (0, 4) and (1, 3), so rank 1's record
+    of the call before seemed to come out between them."""
+    seed = 40005625
+    sim, problems = run(draw(seed), seed)
+    outer = [e for e in verdicts(sim) if e[1] == 0 and e[2] == "train_A.py:10:step/3"]
+    assert [e[6] for e in outer] == [3], outer  # its record's call, not the nested one's
+    assert any(e[0] == "emit" and e[2] == (0, 4, "H") for e in sim.events)
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("seed", [40015715, 40036800, 40041043, 40097832, 40134836, 40139351])
+def test_a_record_of_a_call_a_failure_struck_may_come_out_within_a_later_go_call(seed):
+    """Rank 0's connection fails in a `go` call, so it leaves that call without waiting for the others'
+    records (they come out in their turns as before) and emits its record of the next call before they are
+    out. That call's own records stay in rank order, and no record of a call that held comes between them."""
+    sim, problems = run(draw(seed), seed)
+    assert sim.failed == {0}
+    struck = {(e[1], e[6]) for e in verdicts(sim) if e[2] in sim.touched}
+    emitted = [e[2][:2] for e in sim.events if e[0] == "emit"]
+    left = max(call for rank, call in struck if rank == 0)  # rank 0's call the failure struck in
+    ahead = min(i for i, (rank, call) in enumerate(emitted) if rank == 0 and call > left)
+    assert [m for m in emitted[ahead:] if m in struck], "another rank's record of it came out after rank 0 went on"
+    assert not problems, problems
