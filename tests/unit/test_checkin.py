@@ -440,6 +440,18 @@ def test_a_halfway_that_gives_up_two_cycles_names_the_ranks_where_its_one_look_s
     assert not problems, problems
 
 
+@pytest.mark.parametrize("seed", [40075757, 40077608, 40084618, 40125401, 40174543])
+def test_junk_in_a_verdict_key_read_in_a_turn_whose_handler_logs_in_order_costs_no_wait(seed):
+    """Junk in a verdict key wakes rank 1, which takes its turn before it reads the junk and wakes the others;
+    its handler's in_order call waits for them meanwhile (a cycle halfway cannot see: the call they wait in is
+    decided). The handler's call reads the outer verdict first (`CheckIn._read_outer_first`): on the long
+    run's main, the others waited up to T after the junk stood."""
+    sim, problems = run(draw(seed), seed)
+    assert any(e[0] == "junk" and e[1].startswith("b/s/") for e in sim.events)
+    assert any(e[0] == "call" and "train_H" in e[2] and e[1] == 1 for e in sim.events), "rank 1's handler logged"
+    assert not problems, problems
+
+
 @pytest.mark.parametrize("seed", [7, 1017850])
 def test_a_schedule_is_a_pure_function_of_its_seed(seed):
     first, again = explore(seed)[0], explore(seed)[0]
