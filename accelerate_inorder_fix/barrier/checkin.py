@@ -195,6 +195,7 @@ class CheckIn:
         self.on_wake: Optional[Callable[[Call], None]] = None  # of the latest check-in (`verdict`)
         self.untidy: Optional[Call] = None  # the latest check-in wrote its go, and has deletions to make
         self.stalled = False  # the latest check-in counted every arrival at its deadline, but found no verdict
+        self.unread: Optional[Call] = None  # rank 1's turn taken on the wake: its call, whose verdict it reads after
 
     def verdict(
         self,
@@ -270,6 +271,7 @@ class CheckIn:
     # -- one call ---------------------------------------------------------------------------------
 
     def _check_in(self, call: Call, deadline: float, timeout: float) -> Verdict:
+        self._read_outer_first()
         self.store.set(MARK + str(self.rank), call.marker)
         arrived = int(self.store.add(call.counter, 1))
         last = call.k * self.world_size
@@ -389,12 +391,26 @@ class CheckIn:
         if not self.wait_for(self._wake_key(call), deadline):
             return None
         if not self.woken and self.on_wake is not None:
-            self.on_wake(call)
+            self.unread = call if self._wake_key(call) == call.key else None  # rank 1: the verdict is there
+            try:
+                self.on_wake(call)
+            finally:
+                self.unread = None
         self.woken = True
         blob = peek(self.store, call.key)  # there: every write to a wake key follows the verdict
         if blob is None:  # junk woke us, before any verdict
             return self._give_up(call, "damaged", {})
         return self._junk_wakes(call, blob)
+
+    def _read_outer_first(self) -> None:
+        """A log handler's in_order call in a turn taken on the wake (`_read_verdict`): the outer call's verdict
+        is read after the turn, and junk there woke nobody, so the others wait for that read while this call
+        waits for them. Read it now: a decided call costs nobody a wait (`_junk_wakes`). Only rank 1's: its
+        wake key is the verdict key, there once it woke (a `peek` of a missing key would wake its waiters)."""
+        outer, self.unread = self.unread, None
+        blob = peek(self.store, outer.key) if outer is not None else None
+        if outer is not None and blob is not None:
+            self._junk_wakes(outer, blob)
 
     def wait_for(self, key: str, deadline: float) -> bool:
         """Whether a write to `key` ends this rank's wait before `deadline`.

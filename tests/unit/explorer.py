@@ -347,7 +347,10 @@ class Sim:
         key = q.args[0] if q.args and isinstance(q.args[0], str) else ""
         if q.name == "set" and key.startswith(checkin.MARK):
             self.marked.setdefault((q.rank, q.args[1]), self.tick)
-        if q.name not in ("compare_set", "check"):  # a give-up reads markers, counters, keys; then writes
+        # A give-up reads markers, counters, keys; then writes. Its wake writes ("skip" into the call's handoff
+        # keys) do not end the look: `_halfway` gives up every cycle it found from the one read of the markers.
+        woke = q.name == "set" and key.startswith("b/h/") and q.args[1] == checkin.SKIPPED
+        if q.name not in ("compare_set", "check") and not woke:
             self.looking.pop(q.rank, None)
         elif key.startswith(checkin.MARK) and q.rank not in self.looking:
             self.looking[q.rank] = self.tick

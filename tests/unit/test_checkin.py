@@ -426,6 +426,32 @@ def test_a_handler_that_logs_in_order_in_its_turn_hangs_nothing_and_loses_no_rec
     assert not problems, problems
 
 
+@pytest.mark.parametrize("seed", [40046772, 40066647, 40170109])
+def test_a_halfway_that_gives_up_two_cycles_names_the_ranks_where_its_one_look_saw_them(seed):
+    """A rank skipped a call at A, so it never makes the handler's call H in that call's turns: halfway in its
+    next call it gives up both, A first, from one read of the markers. Giving A up wakes the ranks there, whose
+    handlers check in at H before the skip of H is written; the skip names them where the look saw them (the
+    checker took the wake writes for the look's end, and read their check-in at H as before it)."""
+    sim, problems = run(draw(seed), seed)
+    cycles = {(e[2], e[3].decider, e[3].other) for e in verdicts(sim) if e[3].why == "cycle"}
+    at_h = [c for c in cycles if c[0].startswith("train_H")]
+    assert len(at_h) == 1 and any(c[0].startswith("train_A") and c[1:] == at_h[0][1:] for c in cycles), cycles
+    assert any(e[0] == "call" and "train_H" in e[2] for e in sim.events), "the handlers' calls ran"
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("seed", [40075757, 40077608, 40084618, 40125401, 40174543])
+def test_junk_in_a_verdict_key_read_in_a_turn_whose_handler_logs_in_order_costs_no_wait(seed):
+    """Junk in a verdict key wakes rank 1, which takes its turn before it reads the junk and wakes the others;
+    its handler's in_order call waits for them meanwhile (a cycle halfway cannot see: the call they wait in is
+    decided). The handler's call reads the outer verdict first (`CheckIn._read_outer_first`): on the long
+    run's main, the others waited up to T after the junk stood."""
+    sim, problems = run(draw(seed), seed)
+    assert any(e[0] == "junk" and e[1].startswith("b/s/") for e in sim.events)
+    assert any(e[0] == "call" and "train_H" in e[2] and e[1] == 1 for e in sim.events), "rank 1's handler logged"
+    assert not problems, problems
+
+
 @pytest.mark.parametrize("seed", [7, 1017850])
 def test_a_schedule_is_a_pure_function_of_its_seed(seed):
     first, again = explore(seed)[0], explore(seed)[0]
