@@ -116,7 +116,8 @@ def two_rank_script(path):
         f"{snippet}"
         "fix = sys.modules.get('accelerate_inorder_fix')  # only the start-up hook can have loaded it\n"
         "patched = fix is not None and fix.is_patched()\n"
-        "print(f'@@HOOK rank={accelerator.process_index} of={accelerator.num_processes} patched={patched}', flush=True)\n"
+        "sys.stdout.write(f'@@HOOK rank={accelerator.process_index} of={accelerator.num_processes} patched={patched}\\n')\n"
+        "sys.stdout.flush()  # one write a line: two ranks share the launcher's pipe\n"
         "accelerator.end_training()\n"
     )
     return path

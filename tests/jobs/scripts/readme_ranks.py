@@ -16,11 +16,13 @@ from accelerate.logging import get_logger
 def main():
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     accelerator = Accelerator()
-    print(
+    # One write of the whole line: `print` writes the text and its newline apart, and two ranks sharing the
+    # launcher's pipe can interleave between them.
+    sys.stdout.write(
         f"@@ACCELERATOR process_index={accelerator.process_index} num_processes={accelerator.num_processes} "
-        f"distributed_type={accelerator.distributed_type.value}",
-        flush=True,
+        f"distributed_type={accelerator.distributed_type.value}\n"
     )
+    sys.stdout.flush()
     logger = get_logger(__name__)
     logger.info(f"shard {accelerator.process_index} loaded", in_order=True)
     accelerator.end_training()
