@@ -1,0 +1,77 @@
+"""Collapse (`ACCELERATE_INORDER_COLLAPSE=1`): one line for the ranks of a call that said the same thing.
+
+A call's records, in rank order, are grouped by what a reader sees of them: logger, level, the message
+as formatted without its rank tag, the traceback and stack text, and the host tag (so a job over several
+hosts gets one line per host and text). Each group prints once, at the place of its first rank, its tag
+naming every rank in it (`_origin.span_tag`: `[RANK 0-3,6] `); a group of one prints as it is. The text
+is compared exactly: unlike log deduplication that rewrites numbers, a per-rank number is what in_order
+is for, so `loss 0.31` and `loss 0.32` stay two lines.
+
+A record whose message does not start with its own rank's tag (a record factory or filter changed it)
+is never grouped: it prints as it came.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Iterable
+from typing import Any, Optional
+
+from .._origin import RANK_TAG, span_tag
+
+
+Key = tuple[Hashable, ...]
+
+
+def _tags(record: logging.LogRecord, rank: int) -> Optional[tuple[str, str]]:
+    """`(host tag, message without its tags)` of `rank`'s record, or None if it is not tagged so."""
+    try:
+        text = record.getMessage()
+    except Exception:  # a %-format that fails: its own line, where the handler reports it as it always would
+        return None
+    rank_tag = RANK_TAG.format(rank)
+    if text.startswith(rank_tag):
+        return "", text[len(rank_tag) :]
+    host_tag = f"[{getattr(record, 'hostname', None)}] "
+    if text.startswith(host_tag) and text.startswith(rank_tag, len(host_tag)):
+        return host_tag, text[len(host_tag) + len(rank_tag) :]
+    return None
+
+
+def _key(record: logging.LogRecord, tags: tuple[str, str]) -> Key:
+    return (record.name, record.levelno, *tags, record.exc_text, record.stack_info)
+
+
+def collapse(records: Iterable[tuple[int, logging.LogRecord]]) -> list[logging.LogRecord]:
+    """The records to print for one call, in order: one per group of identical records.
+
+    Args:
+        records: `(rank, record)` in rank order. A group's first record becomes its line (its message
+            retagged, its args dropped: the text is final), and every record returned carries the
+            ranks it stands for as `ranks` (a list), for a formatter that keeps them.
+    """
+    groups: dict[Key, tuple[logging.LogRecord, tuple[str, str], list[int]]] = {}
+    lines: list[Any] = []  # a record printed as it came, or the key of a group (printed at its first place)
+    for rank, record in records:
+        tags = _tags(record, rank)
+        if tags is None:
+            record.ranks = [rank]
+            lines.append(record)
+            continue
+        key = _key(record, tags)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = (record, tags, [rank])
+            lines.append(key)
+        else:
+            group[2].append(rank)
+    return [line if isinstance(line, logging.LogRecord) else _line(*groups[line]) for line in lines]
+
+
+def _line(record: logging.LogRecord, tags: tuple[str, str], ranks: list[int]) -> logging.LogRecord:
+    """The first record of a group, standing for all of `ranks`: `[host] [RANK 0-7] text` (one rank: as it was)."""
+    record.ranks = ranks
+    if len(ranks) > 1:
+        host_tag, untagged = tags
+        record.msg, record.args = f"{host_tag}{span_tag(ranks)}{untagged}", None
+    return record
