@@ -281,9 +281,9 @@ def _say_bad_setting(name: str, raw: str, text: str) -> None:
         warn_once(("setting", name, raw), text)
 
 
-def note_collapse_in_barrier_mode(settings: Settings) -> None:
-    """Barrier mode: if collapse is on, say once (per host) that it applies to gather mode only."""
-    if settings.collapse() and speaks_for_host():
+def note_collapse_in_barrier_mode() -> None:
+    """Barrier mode: if collapse is on (`SETTINGS`), say once (per host) that it applies to gather mode only."""
+    if SETTINGS.collapse() and speaks_for_host():
         warn_once(
             ("collapse", "barrier"),
             f"collapse ({COLLAPSE_ENV} or configure(collapse=True)) applies to gather mode only; "

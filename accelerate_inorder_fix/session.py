@@ -280,7 +280,7 @@ class InOrderSession:
         process whose session closed (at exit). When this call's mode agreement waited, the check-in
         ends by the same deadline.
         """
-        note_collapse_in_barrier_mode(settings)
+        note_collapse_in_barrier_mode()
         with self.lock:
             deadline, self._deadline = self._deadline, None
             if self._child:

@@ -212,10 +212,12 @@ def test_barrier_mode_says_once_that_collapse_applies_to_gather_mode_only(monkey
     monkeypatch.setattr(_diagnostics, "DIAGNOSTICS", _diagnostics.Diagnostics())
     monkeypatch.delenv(config.LOCAL_RANK_ENV, raising=False)
     settings = config.Settings()
-    config.note_collapse_in_barrier_mode(settings)
+    monkeypatch.setattr(config, "SETTINGS", settings)
+    monkeypatch.delenv(config.COLLAPSE_ENV, raising=False)
+    config.note_collapse_in_barrier_mode()
     assert capsys.readouterr().err == ""  # off: nothing to say
     settings.configure(collapse=True)
     for _ in range(3):
-        config.note_collapse_in_barrier_mode(settings)
+        config.note_collapse_in_barrier_mode()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "applies to gather mode only" in lines[0], lines
