@@ -44,12 +44,22 @@ def test_over_two_hosts_each_line_names_its_host_and_rank(tmp_path):
 
     The two "hosts" are one machine: the script replaces `socket.gethostname` (`--fake-hosts`). Whether
     the job spans hosts comes from torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE, as on real nodes.
+    With collapse on, identical records print one line per host, with its host tag (issue 36).
     """
-    script = [SCRIPT, "%(hostname)s|%(rank)s|%(message)s", "--fake-hosts"]
+    script = [SCRIPT, "%(hostname)s|%(rank)s|%(message)s", "--fake-hosts", "--collapse"]
     job, (node0, node1), errors = two_nodes(script, _env("1.12.0"), tmp_path)
     assert job.killed is None and job.returncode == 0, (job, errors)
     hosts = ["node-0", "node-0", "node-1", "node-1"]
-    assert node0 == [f"{host}|{rank}|[{host}] [RANK {rank}] shard loaded" for rank, host in enumerate(hosts)], node0
+    assert node0 == [f"{host}|{rank}|[{host}] [RANK {rank}] shard loaded" for rank, host in enumerate(hosts)] + [
+        "node-0|0|[node-0] [RANK 0-1] shard loaded",
+        "node-1|2|[node-1] [RANK 2-3] shard loaded",
+        "node-0|0|[node-0] [RANK 0-1] epoch 3 done",
+        "node-1|2|[node-1] [RANK 2-3] epoch 3 done",
+        "node-0|0|[node-0] [RANK 0] loss 0.30",
+        "node-0|1|[node-0] [RANK 1] loss 0.31",  # rank 3 says the same, on another host: its own line
+        "node-1|2|[node-1] [RANK 2] loss 0.32",
+        "node-1|3|[node-1] [RANK 3] loss 0.31",
+    ], node0
     assert node1 == [], node1  # the main process printed every record
     assert job.elapsed < BOUND, job
 
