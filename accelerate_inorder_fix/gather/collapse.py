@@ -15,31 +15,35 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Iterable
-from typing import Any, Optional
+from typing import Optional
 
-from .._origin import RANK_TAG, span_tag
+from .._origin import span_tag
 
 
 Key = tuple[Hashable, ...]
+Group = tuple[logging.LogRecord, str, str, list[int]]  # (first record, host tag, untagged text, ranks)
 
 
-def _tags(record: logging.LogRecord, rank: int) -> Optional[tuple[str, str]]:
-    """`(host tag, message without its tags)` of `rank`'s record, or None if it is not tagged so."""
+def _text(record: logging.LogRecord) -> Optional[str]:
+    """The record's message as printed (a rank's comes formatted, args None: no formatting here), or None."""
+    msg = record.msg
+    if type(msg) is str and not record.args:
+        return msg
     try:
-        text = record.getMessage()
+        return record.getMessage()
     except Exception:  # a %-format that fails: its own line, where the handler reports it as it always would
         return None
-    rank_tag = RANK_TAG.format(rank)
+
+
+def _split(text: str, rank: int, hostname: object) -> Optional[tuple[str, str]]:
+    """`(host tag, text without its tags)` of `rank`'s message, or None if it is not tagged so."""
+    rank_tag = f"[RANK {rank}] "  # `RANK_TAG`, spelled out: this runs once per record
     if text.startswith(rank_tag):
         return "", text[len(rank_tag) :]
-    host_tag = f"[{getattr(record, 'hostname', None)}] "
+    host_tag = f"[{hostname}] "
     if text.startswith(host_tag) and text.startswith(rank_tag, len(host_tag)):
         return host_tag, text[len(host_tag) + len(rank_tag) :]
     return None
-
-
-def _key(record: logging.LogRecord, tags: tuple[str, str]) -> Key:
-    return (record.name, record.levelno, *tags, record.exc_text, record.stack_info)
 
 
 def collapse(records: Iterable[tuple[int, logging.LogRecord]]) -> list[logging.LogRecord]:
@@ -50,28 +54,27 @@ def collapse(records: Iterable[tuple[int, logging.LogRecord]]) -> list[logging.L
             retagged, its args dropped: the text is final), and every record returned carries the
             ranks it stands for as `ranks` (a list), for a formatter that keeps them.
     """
-    groups: dict[Key, tuple[logging.LogRecord, tuple[str, str], list[int]]] = {}
-    lines: list[Any] = []  # a record printed as it came, or the key of a group (printed at its first place)
+    groups: dict[Key, Group] = {}
+    lines: list[Group] = []  # in the order they print: each at the place of its first rank
     for rank, record in records:
-        tags = _tags(record, rank)
-        if tags is None:
-            record.ranks = [rank]
-            lines.append(record)
+        text = _text(record)
+        tags = None if text is None else _split(text, rank, getattr(record, "hostname", None))
+        if tags is None:  # never grouped: printed as it came
+            lines.append((record, "", "", [rank]))
             continue
-        key = _key(record, tags)
+        key = (record.name, record.levelno, *tags, record.exc_text, record.stack_info)
         group = groups.get(key)
         if group is None:
-            groups[key] = (record, tags, [rank])
-            lines.append(key)
+            group = groups[key] = (record, *tags, [rank])
+            lines.append(group)
         else:
-            group[2].append(rank)
-    return [line if isinstance(line, logging.LogRecord) else _line(*groups[line]) for line in lines]
+            group[3].append(rank)
+    return [_line(*group) for group in lines]
 
 
-def _line(record: logging.LogRecord, tags: tuple[str, str], ranks: list[int]) -> logging.LogRecord:
+def _line(record: logging.LogRecord, host_tag: str, untagged: str, ranks: list[int]) -> logging.LogRecord:
     """The first record of a group, standing for all of `ranks`: `[host] [RANK 0-7] text` (one rank: as it was)."""
     record.ranks = ranks
     if len(ranks) > 1:
-        host_tag, untagged = tags
         record.msg, record.args = f"{host_tag}{span_tag(ranks)}{untagged}", None
     return record
