@@ -24,7 +24,9 @@ then, for ranks still missing, one wait on all of them and one read, so a block 
 a few store round trips, not a few per rank.
 
 Emitting never raises and never stops a block: a handler or filter of the main process that raises
-loses that one record (one warning on stderr), as it would on the barrier path.
+loses that one record (one warning on stderr), as it would on the barrier path. With collapse on
+(`config.SETTINGS.collapse()`, read at each block), a block's identical records go out once, tagged
+with every rank that sent them (`collapse`).
 
 Only the main process waits, and only for a bounded time: past a call's deadline it takes what has
 arrived without waiting, at most `LATE_READS` records a rank and for at most `GRACE` x the timeout, so a
