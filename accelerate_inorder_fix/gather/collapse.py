@@ -21,6 +21,7 @@ from .._origin import span_tag
 
 
 Key = tuple[Hashable, ...]
+TRACEBACKS = logging.Formatter()  # renders a traceback as `records` renders a rank's (the default format)
 Group = tuple[logging.LogRecord, str, str, list[int]]  # (first record, host tag, untagged text, ranks)
 
 
@@ -46,6 +47,14 @@ def _split(text: str, rank: int, hostname: object) -> Optional[tuple[str, str]]:
     return None
 
 
+def _traceback(record: logging.LogRecord) -> Optional[str]:
+    """The record's traceback as text: a rank's comes rendered (`exc_text`); the main process's own record
+    may still hold `exc_info`, rendered here as a rank's is, for the comparison only (its handler renders it)."""
+    if record.exc_text is None and record.exc_info:
+        return TRACEBACKS.formatException(record.exc_info)
+    return record.exc_text
+
+
 def collapse(records: Iterable[tuple[int, logging.LogRecord]]) -> list[logging.LogRecord]:
     """The records to print for one call, in order: one per group of identical records.
 
@@ -62,7 +71,7 @@ def collapse(records: Iterable[tuple[int, logging.LogRecord]]) -> list[logging.L
         if tags is None:  # never grouped: printed as it came
             lines.append((record, "", "", [rank]))
             continue
-        key = (record.name, record.levelno, *tags, record.exc_text, record.stack_info)
+        key = (record.name, record.levelno, *tags, _traceback(record), record.stack_info)
         group = groups.get(key)
         if group is None:
             group = groups[key] = (record, *tags, [rank])

@@ -3,11 +3,12 @@ every rank that sent them; records that differ (by a digit, a level, a logger, a
 (pure logic: the grouping, the tag, and the collector's printing from a block already collected)."""
 
 import logging
+import sys
 
 import pytest
 
 from accelerate_inorder_fix import _origin, config
-from accelerate_inorder_fix.gather import collapse, collector
+from accelerate_inorder_fix.gather import collapse, collector, records
 
 
 LOGGER = "aif.test.collapse"
@@ -134,3 +135,20 @@ def test_the_collector_collapses_a_block_only_with_the_setting_on(monkeypatch, o
         assert seen.lines == [("[RANK 0-1,3] epoch 3 done", [0, 1, 3]), ("[RANK 2] rank 2 is special", [2])]
     else:
         assert seen.lines == [(f"[RANK {rank}] {text}", None) for rank, text in enumerate(texts)]
+
+
+def test_the_main_processs_traceback_is_compared_as_the_ranks_render_theirs():
+    """`logger.exception(..., in_order=True)` on every rank: the main process's record holds `exc_info`,
+    the others' their rendered `exc_text`; the same traceback is one line."""
+    try:
+        raise ValueError("shard 3 is missing")
+    except ValueError:
+        exc_info = sys.exc_info()
+    main = _record(0, "load failed")
+    main.exc_info = exc_info
+    others = [_record(rank, "load failed") for rank in (1, 2)]
+    for record in others:
+        record.exc_text = records._TRACEBACKS.formatException(exc_info)  # as a rank renders it
+    lines = collapse.collapse(list(enumerate([main, *others])))
+    assert [(r.getMessage(), r.ranks) for r in lines] == [("[RANK 0-2] load failed", [0, 1, 2])]
+    assert lines[0].exc_info is exc_info  # the handler renders the first record's own traceback
