@@ -44,7 +44,7 @@ from ._diagnostics import warn_once
 from ._origin import Origin
 from .barrier.handoff import Handoff
 from .barrier.side import BarrierSide
-from .config import MODE_ENV, SETTINGS, Settings, spans_hosts
+from .config import MODE_ENV, SETTINGS, Settings, note_collapse_in_barrier_mode, spans_hosts
 from .gather.side import GatherSide, print_in_child
 from .store import connection, mode, teardown
 from .store.connection import Store
@@ -280,6 +280,7 @@ class InOrderSession:
         process whose session closed (at exit). When this call's mode agreement waited, the check-in
         ends by the same deadline.
         """
+        note_collapse_in_barrier_mode()
         with self.lock:
             deadline, self._deadline = self._deadline, None
             if self._child:
