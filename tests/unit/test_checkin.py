@@ -181,8 +181,8 @@ def test_a_wall_clock_step_does_not_stretch_a_wait():
     "verdict",
     [
         checkin.Verdict(True),
-        checkin.Verdict(False, "timeout", 0, {1: "train.py:3:f/2", 2: ""}),
-        checkin.Verdict(False, "cycle", 2, {0: "x.py:1:g/1"}, "y.py:2:h/1"),
+        checkin.Verdict(False, checkin.Why.TIMEOUT, 0, {1: "train.py:3:f/2", 2: ""}),
+        checkin.Verdict(False, checkin.Why.CYCLE, 2, {0: "x.py:1:g/1"}, "y.py:2:h/1"),
     ],
 )
 def test_verdicts_travel_as_plain_text(verdict):
@@ -192,7 +192,7 @@ def test_verdicts_travel_as_plain_text(verdict):
 
 @pytest.mark.parametrize("blob", [b"", b"skip", b"skip {", b"skip []", b"\x00junk", b"GO", b'skip {"why": 1}'])
 def test_anything_else_in_a_verdict_key_reads_as_a_skip_that_names_nobody(blob):
-    assert checkin.Verdict.decode(blob) == checkin.Verdict(False, "damaged")
+    assert checkin.Verdict.decode(blob) == checkin.Verdict(False, checkin.Why.DAMAGED)
 
 
 def test_site_names_are_the_whole_site_so_two_sites_never_share_keys():
