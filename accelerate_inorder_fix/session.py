@@ -1,5 +1,10 @@
 """This process's in_order state: the mode the job agreed on, call counts, and the side of that mode.
 
+One call: the wrapper makes it (`_call.InOrderCall`) and hands it to `InOrderSession.call`, which only
+chooses: the mode every rank agreed on (`mode`), the call's number at its site in that mode, and the
+side that takes it (`side`): `barrier.side.BarrierSide.call` or `gather.side.GatherSide.call`, or, for
+a process that cannot check in, plain barriers or an emit at once (`barrier.turns`).
+
 Mode agreement. Ranks that disagree on the mode cannot work together (barriers on some ranks, store
 posts on others). So at its first in_order call every rank takes the main process's mode, through the
 job's c10d store: the main process writes its word, every other rank reads it. A rank whose own setting
@@ -10,15 +15,16 @@ switches at the same call. A rank that switched alone (the main process did not 
 timeout) keeps the job's mode and says so once: no record is sent where nobody collects it.
 
 Waits. An agreement (or switch) wait and the check-in after it share one deadline, T after the call
-began: a call some rank skips costs T there, not 2 T, even the first one (the divergence, all sites of
+began (`InOrderCall.deadline`): a call some rank skips costs T there, not 2 T, even the first one (the divergence, all sites of
 its step together, at most `bounds.DIVERGENCE`, 1.5 T).
 
 Each mode has its side, opened at its first call on the same store connection: `barrier.BarrierSide`
-(the check-in) and `gather.GatherSide` (posts or collection). A call's identity, its site and how many
-times this process has called from there, is counted here, for both.
+(the check-in and the turns) and `gather.GatherSide` (posts or collection). A call's identity, its site
+and how many times this process has called from there in its mode, is counted here, once, for both:
+each mode numbers its own calls (the check-in's keys and gather's blocks each count from 1).
 
 Threads: the in_order calls of one process take turns (`lock`), in both modes, so one call's N
-barriers, or its capture and post, never interleave with another thread's.
+turns, or its capture and post, never interleave with another thread's.
 
 Jobs with no c10d store (a backend torch.distributed does not run) skip the agreement and the
 check-in (plain barriers, as upstream), and a gather setting falls back to barrier mode with one
@@ -355,8 +361,8 @@ class InOrderSession:
         """Stop and join this process's background store threads; they must not outlive the job's teardown.
 
         Called before the default process group is destroyed (`teardown`) and at exit (`close`). A
-        thread still inside a store call when the interpreter finalizes aborts the process (issue 24,
-        `store.writer`). Each wait is bounded by the store connection's timeout; the session itself
+        thread still inside a store call when the interpreter finalizes aborts the process
+        (`store.writer`). Each wait is bounded by the store connection's timeout; the session itself
         stays usable (a later gather-mode post is delivered, not cleaned up).
         """
         with self.lock:  # no in_order call meanwhile: nothing new is handed to a thread

@@ -1,10 +1,11 @@
-"""Barrier mode's check-in: before any barrier, every rank agrees through the job's store whether they run.
+"""Barrier mode's check-in: before any turn, every rank agrees through the job's store whether the turns run.
 
-Barrier mode is N turns of `wait_for_everyone()`, a collective. A rank that does not make the call
-(`if accelerator.is_main_process:`, a skipped iteration) would leave the others in a barrier that its
-own next collective pairs with: the job hangs, or desynchronises. So each rank first checks the call
-in, and one verdict per call decides for every rank: `go` (every rank is here: the barriers run) or
-`skip` (nobody enters a barrier of this call; each rank emits at once).
+Barrier mode is N turns, one rank's record in each, in rank order. A rank that does not make the call
+(`if accelerator.is_main_process:`, a skipped iteration) would leave the others waiting for its turn,
+or, where the turns are upstream's barriers, in a barrier that its own next collective pairs with: the
+job hangs, or desynchronises. So each rank first checks the call in, and one verdict per call decides
+for every rank: `go` (every rank is here: the turns run, handed over through the store, `handoff`)
+or `skip` (nobody waits for anyone in this call; each rank emits at once).
 
 Two rules make it safe, whatever the schedule:
 
@@ -12,7 +13,7 @@ Two rules make it safe, whatever the schedule:
    rank reads the same bytes: a rank that gives up and the last rank to arrive race, and one of them
    wins for everybody. Anything but `go` there (a `skip`, or junk) is a skip, on every rank.
 2. **Only a rank that counted all N arrivals writes `go`.** Then every rank is in the call and will
-   read the verdict; a rank that was not here cannot be waited for in a barrier.
+   read the verdict; a rank that was not here cannot be waited for.
 
 Any rank may give up at any time (rule 1 keeps that safe), so every wait is bounded: at its deadline
 a rank writes `skip` and reads what won. Keys, under `accelerate_inorder_fix/b/` (N ranks, timeout T,
@@ -27,8 +28,9 @@ call k of a site, counted by each rank for itself)::
 
 Only rank 1 waits at the verdict key itself; rank r > 1 waits at rank r-1's handoff key, rank 0 at the
 last rank's (`_wake_key`): a `go` reaches them as the write they wait for next (their turn, or the
-call's end), and a skip is written into every handoff key too. On that write rank r >= 1 takes its
-turn at once (`on_wake`, `handoff`) and then reads the verdict. A TCPStore wakes a key's waiters on
+call's end), and a skip is written into every handoff key too. On that write the check-in returns
+(`arrive`: an `Arrival` that is `woken`); rank r >= 1 takes its turn then, in its call's own step
+(`side.BarrierSide`), hands over (`hand_over`) and then reads the verdict (`settle`). A TCPStore wakes a key's waiters on
 any `compare_set` of it, there or not; so a waited-for key is `peek`ed only once it is known to be
 there, and a wait that returns is a write (`wait_for`).
 

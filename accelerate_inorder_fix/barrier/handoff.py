@@ -9,10 +9,10 @@ rank 1..N-1 and call, `b/h/<site>/<k>/<r>` (`checkin.Call.handoff`)::
     rank r > 1    its check-in waits at h/<r-1>; on the write: emit; set h/<r> "ok"; read the verdict
     rank 0<r<N-1  then wait h/<N-1>: the call returns once every rank's record is out
 
-**The turn comes with the wake** (`turn_on_wake`, the check-in's `on_wake`). The write that ends a rank's
-check-in wait at its wake key (`CheckIn._wake_key`) is the verdict (rank 1), rank r-1's handoff, or a
+**The turn comes with the wake** (`checkin.Arrival.woken`). The write that ends a rank's check-in wait at its wake key (`CheckIn._wake_key`) is the verdict (rank 1), rank r-1's handoff, or a
 skip (written into every handoff key of a call given up). In a `go` it is this rank's turn, so the rank
-emits and hands over before it reads the verdict: a handoff costs the next rank no round trip. In a
+emits and hands over before it reads the verdict (`side.BarrierSide`, between `CheckIn.arrive` and
+`CheckIn.settle`): a handoff costs the next rank no round trip. In a
 skip the records go out at once anyway, so a turn taken early changes nothing: every rank decides by
 the verdict key, never by a handoff's value. Every write to a wake key follows the call's verdict, so
 the verdict is there to read. A rank whose `go` did not come that way (it wrote the `go` itself, or
@@ -40,8 +40,9 @@ checks in again, the next call gives up at once instead of waiting for it again.
 rank that waited for its turn after its check-in says so once); no record is lost or repeated, no
 wait grows. Junk there before any verdict gives the call up ("damaged").
 
-**A log handler may log in_order** in its rank's turn: that call's check-in runs inside this one, so the
-turn keeps this call's state (`CheckIn.during_turn`).
+**A log handler may log in_order** in its rank's turn: that call's check-in runs inside this one, with an
+`Arrival` of its own; what this call's turns need (its deadline, its wake, its tidy-up) is this call's
+`Arrival`, which the inner call never touches.
 """
 
 from __future__ import annotations

@@ -527,7 +527,7 @@ class Rank:
 
     def call(self, letter: str) -> None:
         """One in_order call at site `letter`: the path the wrapper takes in barrier mode (the first call's mode
-        agreement, then `barrier_call`), timed from its start to its return."""
+        agreement, then `BarrierSide.call`), timed from its start to its return."""
         self.calls += 1
         site = SITES[letter]
         name = checkin.site_name(site)
