@@ -276,13 +276,7 @@ class CheckIn:
             self.unread = None
         verdict = arrival.verdict
         if verdict is None:
-            try:
-                if arrival.failed:
-                    raise RuntimeError("the handoff failed")
-                verdict = Verdict.decode(self._read_after_wake(call))
-            except Exception:  # noqa: BLE001 -- the store failed under us: one more try, on a new connection
-                verdict = self._after_failure(call)
-            arrival.verdict = verdict
+            verdict = arrival.verdict = self._read_after_turn(arrival)
         if verdict is RETIRED:
             return verdict
         if verdict.go:
@@ -296,6 +290,16 @@ class CheckIn:
         if arrival.stalled:
             self._suspect(call, arrival.timeout)
         return verdict
+
+    def _read_after_turn(self, arrival: Arrival) -> Verdict:
+        """The verdict of a call whose wake came first; if the store failed, in the turn's handoff or now,
+        one more try on a new connection (`_after_failure`)."""
+        if not arrival.failed:
+            try:
+                return Verdict.decode(self._read_after_wake(arrival.call))
+            except Exception:  # noqa: BLE001 -- the store failed under us
+                arrival.failed = True
+        return self._after_failure(arrival.call)
 
     def named(self, rank: int, deadline: float) -> None:
         """`rank` did not hand over its turn (`handoff`): absent, like a rank a timed-out call named, until
