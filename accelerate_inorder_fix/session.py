@@ -5,7 +5,7 @@ chooses: the mode every rank agreed on (`mode`), the call's number at its site i
 side that takes it (`side`): `barrier.side.BarrierSide.call` or `gather.side.GatherSide.call`, or, for
 a process that cannot check in, plain barriers or an emit at once (`barrier.turns`).
 
-Mode agreement. Ranks that disagree on the mode cannot work together (barriers on some ranks, store
+Mode agreement. Ranks that disagree on the mode cannot work together (check-ins and turns on some ranks, store
 posts on others). So at its first in_order call every rank takes the main process's mode, through the
 job's c10d store: the main process writes its word, every other rank reads it. A rank whose own setting
 differs says so in one line. A later `configure(mode=...)`, or a change of `ACCELERATE_INORDER_MODE`, is

@@ -130,7 +130,7 @@ class Verdict:
     """What every rank does with one in_order call.
 
     Attributes:
-        go: True: the barriers run. False: nobody enters them; each rank emits at once.
+        go: True: the turns run. False: nobody waits for anyone in the call; each rank emits at once.
         why (`Why`): for a skip, what decided it.
         decider: the rank that wrote the skip (-1: not known).
         missing: {rank: the call it had last checked in at}, for the ranks not in the call.
