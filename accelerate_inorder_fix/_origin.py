@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -63,20 +62,3 @@ class Origin(NamedTuple):
         """Set the record's `rank` and `hostname` (the package's: a user's `extra` of these names is replaced)."""
         record.rank = self.rank
         record.hostname = self.hostname
-
-
-class Stamping:
-    """A logger filter that stamps this thread's records with `origin`, and lets every record through.
-
-    Appended last, for the duration of one call: the logger's own filters see the record as before,
-    its handlers see the attributes; other threads' records pass untouched.
-    """
-
-    def __init__(self, origin: Origin) -> None:
-        self.origin = origin
-        self.thread = threading.get_ident()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if threading.get_ident() == self.thread:
-            self.origin.stamp(record)
-        return True
