@@ -367,6 +367,15 @@ class InOrderSession:
                 self._gather.close()
             self._store = self._barrier = None
 
+    def reset(self) -> None:
+        """Close, let go of atexit and torch's teardown hook, and start again as a new session
+        (`accelerate_inorder_fix.testing.reset`: the next test's process is a new one)."""
+        self.close()
+        atexit.unregister(self.close)
+        teardown.HOOK.forget(self.release)
+        mode.HOOK.forget(self.process_group_started)
+        vars(self).update(vars(InOrderSession(self._open_store)))
+
 
 def _reset_in_forked_children(session: InOrderSession) -> None:
     """Make `session` a forked child's own in every child forked from now on (`after_fork_in_child`)."""
