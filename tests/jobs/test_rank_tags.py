@@ -1,4 +1,4 @@
-"""Every gather-mode line says which rank, and over several hosts which host, it came from (issue 28).
+"""Every gather-mode line says which rank, and over several hosts which host, it came from.
 
 In gather mode the main process prints every rank's record. accelerate 1.13+ tags a message
 `[RANK n] ` in `process()`; before 1.13 nothing did, so four ranks logging "shard loaded" gave four

@@ -247,7 +247,7 @@ def test_junk_in_a_handoff_key_is_no_hang_no_loss(seed):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_a_go_call_costs_7n_minus_4_store_operations_and_takes_each_turn_on_the_wake(seed):
-    """Issue 27's protocol, counted: a rank that is not the go's writer emits inside its check-in, the moment
+    """The check-in protocol, counted: a rank that is not the go's writer emits inside its check-in, the moment
     its wait ends (before its verdict is read), and a call costs 7N - 4 operations (a little more for the
     go's writer, a little less for the first two calls, which delete nothing two calls back)."""
     n, calls = 4, 10

@@ -1,5 +1,5 @@
 """Promise: a call some ranks never make costs one timeout for its call site in all, and never splits the
-blocks of the calls they do make (issue 24, item 10); a rank that died costs at most 1.25 timeouts in all.
+blocks of the calls they do make; a rank that died costs at most 1.25 timeouts in all.
 
 On the in-memory store (`testing.InMemoryStore`), the package's real `Outbox` / `Inbox` / `Collector`, driven by
 test_collector.py's `Job`: the main process's calls, and the other ranks' posts between them, in the

@@ -1,4 +1,4 @@
-"""Copies in the shared slots (issue 11): a whole call's records in one read, never the only copy.
+"""Copies in the shared slots: a whole call's records in one read, never the only copy.
 
 Pure logic, in-process: a delta copy gives exactly the record the rank's own key holds; a copy that
 cannot give it (damaged, foreign, its base not read) is not used, so the record comes from the key;
@@ -113,7 +113,7 @@ def test_a_rank_cleans_up_off_its_post():
 
 def test_a_stopped_clean_up_thread_has_ended_and_deletes_no_more():
     """`stop` (before destroy_process_group and at exit) ends the thread after the delete it is in: no
-    thread of ours is left inside a store call when the interpreter finalizes (issue 24)."""
+    thread of ours is left inside a store call when the interpreter finalizes."""
     store = InMemoryStore()
     outbox = queues.Outbox(store, 1, clean_every=2)
     inbox = queues.StoreInbox(store, 2, publish_every=1)

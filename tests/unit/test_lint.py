@@ -409,7 +409,7 @@ def test_flake8_runs_the_same_checks_through_the_plugin(tmp_path):
     ]
 
 
-# --- Membership, balance, recall, AIF003 and the command's options (issue 25) ---
+# --- Membership, balance, recall, AIF003 and the command's options ---
 
 
 def test_a_group_collective_under_a_membership_test_is_silent():

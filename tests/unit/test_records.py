@@ -1,4 +1,4 @@
-"""The gather-mode wire format (issue 13): records travel as data, never as code (pure logic, no ranks).
+"""The gather-mode wire format: records travel as data, never as code (pure logic, no ranks).
 
 What a user sees of a rank's record survives the trip; whatever else arrives from the store (a pickle,
 truncated or foreign bytes) is refused with `MalformedRecord`, without executing or importing
@@ -462,7 +462,7 @@ def test_no_pickle_marshal_or_eval_anywhere_in_the_package():
     assert len(list(PACKAGE.rglob("*.py"))) > 10  # the walk saw the package
 
 
-# -- where a record comes from (issue 28): its rank and host, checked against the queue it was read from --
+# -- where a record comes from: its rank and host, checked against the queue it was read from --
 
 
 def test_origin_tags_a_message_as_accelerate_1_13_does_and_never_twice():
