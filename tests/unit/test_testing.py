@@ -100,3 +100,16 @@ def test_the_in_memory_store_times_out_as_the_package_reads_a_timeout(batched):
     assert is_timeout(caught.value)
     store.set("here", 1)
     assert store.get("here") == b"1" and store.check(["here"]) and not store.check(["missing"])
+
+
+def test_patching_again_keeps_the_wrappers_code_once():
+    from accelerate_inorder_fix import _callsite
+
+    pytest.importorskip("accelerate.logging")
+    testing.reset()
+    accelerate_inorder_fix.patch()
+    kept = list(_callsite._WRAPPER_CODES)
+    for _ in range(3):
+        testing.reset()
+        accelerate_inorder_fix.patch()
+    assert _callsite._WRAPPER_CODES == kept and len(kept) == len(set(map(id, kept)))
