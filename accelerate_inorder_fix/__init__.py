@@ -13,7 +13,7 @@ its timeout, and whether gather mode prints identical records once.
 Layers, each importing only those below it (import-linter checks them): `cli/` (the command line) ->
 `hook_status` -> `_patcher` -> `_wrapper` (the patched log) -> `session` (the mode, call counts) ->
 `barrier/` | `gather/` (the two modes) -> `store/` (the job's c10d store) -> `config`, `_callsite` ->
-`_upstream`, `_diagnostics`.
+`_upstream`, `_diagnostics`. `lint/` (the static check) stands apart: it imports nothing else of the package.
 """
 
 __version__ = "0.2.0.dev0"

@@ -46,9 +46,14 @@ _LIMIT = 64  # frames walked at most: a wrapper further up than this is not ours
 
 
 def mark_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark `function` as the wrapper the arithmetic counts from (its frame, found by its code)."""
-    _WRAPPER_CODES.append(function.__code__)
-    _WRAPPER_IDS.add(id(function.__code__))
+    """Mark `function` as the wrapper the arithmetic counts from (its frame, found by its code).
+
+    Every wrapper a patch makes shares one code object: it is kept once, however often the package is
+    patched again (`unpatch()` then `patch()`, `testing.reset()`).
+    """
+    if id(function.__code__) not in _WRAPPER_IDS:
+        _WRAPPER_CODES.append(function.__code__)
+        _WRAPPER_IDS.add(id(function.__code__))
     return function
 
 

@@ -86,7 +86,7 @@ class Patcher:
             cls = _adapter_class()
             if not self._wanted or cls is None or self._ours_in(cls):
                 return
-            body = _upstream.describe(cls)
+            body = _upstream.body_of(cls)
             if not body.known and not (self._force or switch() == "force"):
                 self._warn_unknown()
                 return

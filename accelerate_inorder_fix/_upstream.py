@@ -131,7 +131,7 @@ def count_wrapper_frames() -> int:
     return call_probe()
 
 
-def describe(adapter_class: type) -> UpstreamBody:
+def body_of(adapter_class: type) -> UpstreamBody:
     """The `UpstreamBody` of `adapter_class.log` as installed now (not yet wrapped by us)."""
     original = adapter_class.__dict__.get("log")
     warning_once = getattr(adapter_class.__dict__.get("warning_once"), "__wrapped__", None)

@@ -214,9 +214,15 @@ class Settings:
                 self._timeout = new_timeout
 
     def reset(self) -> None:
-        """Forget `configure()` overrides (tests)."""
+        """Forget `configure()` overrides. The mode generation stays: a live session compares its own with it."""
         with self._lock:
             self._mode = self._timeout = self._collapse = None
+
+    def reset_to_import(self) -> None:
+        """The settings as imported, the mode generation too (`testing.reset`, with the session closed)."""
+        with self._lock:
+            self._mode = self._timeout = self._collapse = None
+            self._mode_generation = 0
 
 
 SETTINGS = Settings()

@@ -18,8 +18,8 @@ Waits. An agreement (or switch) wait and the check-in after it share one deadlin
 began (`InOrderCall.deadline`): a call some rank skips costs T there, not 2 T, even the first one (the divergence, all sites of
 its step together, at most `bounds.DIVERGENCE`, 1.5 T).
 
-Each mode has its side, opened at its first call on the same store connection: `barrier.BarrierSide`
-(the check-in and the turns) and `gather.GatherSide` (posts or collection). A call's identity, its site
+Each mode has its side, opened at its first call on the same store connection: `barrier.side.BarrierSide`
+(the check-in and the turns) and `gather.side.GatherSide` (posts or collection). A call's identity, its site
 and how many times this process has called from there in its mode, is counted here, once, for both:
 each mode numbers its own calls (the check-in's keys and gather's blocks each count from 1).
 
@@ -384,6 +384,15 @@ class InOrderSession:
             if self._gather is not None:
                 self._gather.close()
             self._store = self._barrier = None
+
+    def reset(self) -> None:
+        """Close, let go of atexit and torch's teardown hook, and start again as a new session
+        (`accelerate_inorder_fix.testing.reset`: the next test's process is a new one)."""
+        self.close()
+        atexit.unregister(self.close)
+        teardown.HOOK.forget(self.release)
+        mode.HOOK.forget(self.process_group_started)
+        vars(self).update(vars(InOrderSession(self._open_store)))
 
 
 def _reset_in_forked_children(session: InOrderSession) -> None:

@@ -1,6 +1,6 @@
 """CPU per logging call in one process: a plain call and an in_order call through the patched adapter.
 
-For comparing two trees side by side (issue 19's frame arithmetic): run it alternately with
+For comparing two trees side by side (the frame arithmetic): run it alternately with
 `PYTHONPATH=<tree>`; it prints which package it measured. One process (no job): the in_order call
 takes the single-process path (`_emit`), the plain call the wrapper's restated body. Best of 5 batches,
 CPU time of this thread (`time.thread_time`), so a shared machine's load moves it less than wall time.

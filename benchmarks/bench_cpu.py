@@ -82,7 +82,7 @@ def main() -> None:
     # As a script should: torch 2.13 with gloo can abort at exit ("terminate called without an active
     # exception", SIGABRT) when the group is left to interpreter exit. This comment used to blame torch
     # alone for the aborts seen here (about 1 run in 20); in barrier and gather runs the package caused
-    # them too, and destroying the group did not help (issue 24: a store thread of ours still inside a
+    # them too, and destroying the group did not help (a store thread of ours still inside a
     # store call at interpreter finalization; fixed, tests/jobs/test_exit.py).
     dist.destroy_process_group()
 

@@ -14,8 +14,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from accelerate_inorder_fix.cli.lint import CODES, check_file, report
-from accelerate_inorder_fix.cli.lint.helpers import Package
+from accelerate_inorder_fix.lint import CODES, check_file, report
+from accelerate_inorder_fix.lint.helpers import Package
 
 
 def measure(path: str) -> tuple[int, float, float, float, list[str]]:

@@ -1,7 +1,7 @@
 """Benchmark: what one gather-mode record costs to encode and decode, JSON (now) against pickle (before).
 
-Issue 13 replaced the pickle wire format, which ran code from the job's store, with the data-only JSON
-codec of `gather.records`. This measures the price, in one process, side by side:
+The data-only JSON codec of `gather.records` replaced the pickle wire format, which ran code from the
+job's store. This measures the price, in one process, side by side:
 
 - `pickle`: the codec main had before, restated here (message merged, traceback rendered, protocol 4,
   a value that does not pickle sent as its repr; decoded with `pickle.loads` + `logging.makeLogRecord`).
@@ -38,7 +38,7 @@ LOGGER = "aif.bench_records"
 KINDS = ("plain", "extra", "traceback", "1 KiB message", "1 MiB message")
 
 
-# -- the codec main had before issue 13 ---------------------------------------------------------
+# -- the codec main had before the JSON one ----------------------------------------------------
 
 _TRACEBACKS = logging.Formatter()
 

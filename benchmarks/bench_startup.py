@@ -9,7 +9,7 @@ away, in alternating order (ABBA), so drift in machine load falls on both sides 
   `site.main()` between two clock reads). It is the part the hook can change, with none of the
   process start and exit noise that a shared machine adds to the first measure.
 
-Reported: median of each side and the median of the paired differences (the budget, issue 9: at most
+Reported: median of each side and the median of the paired differences (the budget: at most
 0.3 ms added), and whether any module of this package was imported at start-up (it must not be: the
 `.pth` line only puts a finder on `sys.meta_path`).
 

@@ -68,6 +68,7 @@ from typing import Callable, Optional
 
 from .._callsite import Site
 from ..store.connection import SHORTEST_WAIT, Store, peek
+from ..store.errors import is_timeout
 
 
 GO = b"go"
@@ -576,11 +577,3 @@ def _earlier_line(a: str, b: str) -> Optional[str]:
     if min(lines) < 0 or lines[0] == lines[1]:
         return None
     return a if lines[0] < lines[1] else b
-
-
-def is_timeout(exc: Exception) -> bool:
-    """A store wait that reached its deadline (torch's DistStoreError; older torch: a RuntimeError saying so)."""
-    name = type(exc).__name__
-    if name in ("DistNetworkError", "ConnectionError", "BrokenPipeError"):
-        return False
-    return name in ("DistStoreError", "StoreTimeout") or "timeout" in str(exc).lower()

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         "goes to the benchmark itself (`bench -- --help` shows them). Gather mode at up to 1,024 simulated "
         "ranks is a repository script: python benchmarks/bench_scale.py.",
     )
-    from .lint import command as _lint_command  # stdlib only
+    from ..lint import command as _lint_command  # stdlib only
 
     lint = commands.add_parser("lint", help=_lint_command.HELP, description=_lint_command.DESCRIPTION)
     _lint_command.add_arguments(lint)
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    from .lint import command as _lint_command
+    from ..lint import command as _lint_command
 
     return _lint_command.run_command(args)
 

@@ -212,7 +212,7 @@ def run_worker(names: list[str], extra: Optional[dict[str, Callable[[Rank], Opti
         say(f"{DONE} {name} r{rank.index}")
     # Tear the process group down explicitly, as a script should: torch 2.13 with gloo can abort at
     # exit ("terminate called without an active exception") when the group is left to interpreter
-    # exit. The package's own store threads are released before this (issue 24) and at exit; the
+    # exit. The package's own store threads are released before this (`store.teardown`) and at exit; the
     # launcher's exit code is judged (`check.judge_all`), so an abort at exit is never hidden.
     import torch.distributed as dist
 

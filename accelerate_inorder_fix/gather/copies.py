@@ -1,6 +1,6 @@
 """Copies of the records in slots every rank shares: a whole call's records in one read.
 
-A rank's n-th record lives in the rank's own key (`transport`); the rank also appends a *copy* of it,
+A rank's n-th record lives in the rank's own key (`queues.key`); the rank also appends a *copy* of it,
 one line, to slot `n % SLOTS`, which every rank writes to. For a call, the main process reads one slot
 instead of 1,024 keys. The key stays the record: whatever is wrong with a copy (damaged, foreign,
 missing, read too early) costs only the copy, and the main process reads that rank's key instead.

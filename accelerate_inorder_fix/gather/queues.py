@@ -75,6 +75,7 @@ from typing import Any, Optional, Union
 
 from .._callsite import Identity
 from ..store.connection import Store, peek
+from ..store.errors import is_timeout
 from ..store.writer import BackgroundWriter
 from . import copies, records
 from .copies import PLACE, RANK, BlockEntry, CopyLine
@@ -120,7 +121,7 @@ class Outbox:
         background: bool = True,
         cleanup_store: Optional[Store] = None,
     ) -> None:
-        """`cleanup_store`: where `clean` deletes (`cleanup_store()` in a job); `store` if None."""
+        """`cleanup_store`: where `clean` deletes (in a job, a connection of its own: `connection.own_connection`); `store` if None."""
         self.store = store
         self.rank = rank
         self.clean_every = clean_every
@@ -219,8 +220,10 @@ class StoreInbox:
         """Wait up to `seconds` until every rank in `ranks` has a next record; False on timeout."""
         try:
             self.store.wait([self._next_key(r) for r in ranks], datetime.timedelta(seconds=seconds))
-        except RuntimeError:  # DistStoreError on timeout (a RuntimeError subclass)
-            return False
+        except RuntimeError as exc:
+            if is_timeout(exc):
+                return False
+            raise
         return True
 
     def ready(self, rank: int) -> bool:

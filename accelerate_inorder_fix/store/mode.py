@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import datetime
 import sys
-import threading
 import time
 from typing import Any, Callable, Optional
 
-import wrapt
-
 from .._diagnostics import warn_once
 from .connection import SHORTEST_WAIT, Store
+from .errors import is_timeout
+from .hooks import TorchHook
 
 
 MODE_KEY = "mode"
 STARTED = -1  # the `switch` of the word written when the process group started (`publish_started`)
-_MODULES = ("torch.distributed", "torch.distributed.distributed_c10d")
-_lock = threading.Lock()
-_started: list[Callable[[], None]] = []
-_installed: list[tuple[Any, Any]] = []  # (module, our wrapper there)
 
 
 def switch_key(switch: int) -> str:
@@ -42,7 +37,8 @@ def publish_mode(store: Store, mode: str, switch: int = 0) -> None:
 
 
 def read_mode(store: Store, seconds: float, switch: int = 0) -> Optional[str]:
-    """The main process's mode word, waiting up to `seconds`; None when it did not come in time.
+    """The main process's mode word, waiting up to `seconds`; None when it did not come in time (a store
+    that fails otherwise raises: its callers say so).
 
     Ranks wait on these keys, so they are never `peek`ed (a `compare_set` wakes a key's waiters, and the
     woken rank would read a word that is not there): `check` wakes nobody. A wait shorter than
@@ -56,8 +52,10 @@ def read_mode(store: Store, seconds: float, switch: int = 0) -> Optional[str]:
             return None
         try:
             store.wait([key], datetime.timedelta(seconds=left))
-        except RuntimeError:  # DistStoreError on timeout
-            return None
+        except RuntimeError as exc:
+            if is_timeout(exc):
+                return None
+            raise
     return bytes(store.get(key)).decode()
 
 
@@ -68,33 +66,26 @@ def _after_init(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict
 
 
 def _run_started() -> None:
-    with _lock:
-        callbacks = list(_started)
-    for callback in callbacks:
+    for callback in HOOK.callbacks():
         try:
             callback()
         except Exception as exc:  # never into the caller's start-up
             warn_once(("started", type(exc)), f"could not note the in_order mode at start-up: {exc!r}")
 
 
+HOOK = TorchHook("init_process_group", _after_init)
+
+
 def on_start(callback: Callable[[], None]) -> None:
     """Call `callback` once the default process group is up: now if it is, else after `init_process_group`.
 
-    A wrapt wrapper on `init_process_group` (the name accelerate and user code call), installed once. A
-    name bound earlier (`from torch.distributed import init_process_group`) keeps the original: the
+    A name bound earlier (`from torch.distributed import init_process_group`) keeps the original: the
     first in_order call then agrees as it would without this (waiting for the main process's word).
+
+    Args:
+        callback: notes this process's mode setting (`InOrderSession.process_group_started`).
     """
-    with _lock:
-        if callback not in _started:
-            _started.append(callback)
-        for name in _MODULES:
-            module = sys.modules.get(name)
-            current = getattr(module, "init_process_group", None)
-            if module is None or current is None or any(m is module and w is current for m, w in _installed):
-                continue
-            wrapper = wrapt.FunctionWrapper(current, _after_init)
-            setattr(module, "init_process_group", wrapper)
-            _installed.append((module, wrapper))
+    HOOK.add(callback)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         _run_started()

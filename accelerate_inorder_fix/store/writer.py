@@ -8,7 +8,7 @@ to a daemon thread, which runs it on a store connection of its own (`connection.
 destroyed (`teardown`) and at exit. A thread still inside a store call when the interpreter finalizes
 dies there: on taking the GIL back after the call, CPython ends the thread (`pthread_exit`), the forced
 unwind meets the destructor of pybind11's `gil_scoped_release` (noexcept), and the process aborts
-("terminate called without an active exception", SIGABRT): issue 24.
+("terminate called without an active exception", SIGABRT).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A bad setting is said once per host, by the host's local main process, not once per rank (issue 28).
+"""A bad setting is said once per host, by the host's local main process, not once per rank.
 
 Each job runs under a hard timeout; the launcher's exit code is asserted. Every rank still runs, with
 the default in place of the bad value.

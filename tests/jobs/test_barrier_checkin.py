@@ -3,7 +3,7 @@ job: every rank follows one verdict per call, no wait outlives `ACCELERATE_INORD
 costs at most 1.5 timeouts in all, the warnings name only the ranks that missed the call, and every record
 is printed exactly once -- proven on real 4-rank jobs (torchrun, CPU gloo) on two accelerate releases.
 
-The cases are in scripts/partial_calls.py (issue 24's outcomes b-g are the cases of the same names); every
+The cases are in scripts/partial_calls.py; every
 case ends with a checked `all_reduce`. `test_partial_call_hangs_without_the_check_in` shows the hang on
 every run by turning the check-in off; the schedule explorer (tests/unit/test_checkin.py) covers the same
 outcomes over thousands of schedules.

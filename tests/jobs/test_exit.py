@@ -1,4 +1,4 @@
-"""Promise: the package adds no abort at exit to a real training job (issue 24, item 1).
+"""Promise: the package adds no abort at exit to a real training job.
 
 The job (scripts/train_exit.py) is a user's DDP loop in `main()`, launched with `accelerate launch
 --multi_gpu --num_processes 4`: an in_order loss line per step, `save_state`, one more in_order line,

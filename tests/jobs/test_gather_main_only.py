@@ -1,4 +1,4 @@
-"""Promise (issue 24, outcome h): in gather mode, an in_order call only the main process makes, in a loop
+"""Promise: in gather mode, an in_order call only the main process makes, in a loop
 next to an in_order call every rank makes, costs one timeout for its call site in all, and every
 every-rank call's block comes out whole, exactly once and in rank order, never split by another call's
 lines; the one warning names only the ranks that missed the main-only call.

@@ -1,4 +1,4 @@
-"""Gather mode (issue 5), proven on real multi-rank jobs; each job runs under a hard timeout.
+"""Gather mode, proven on real multi-rank jobs; each job runs under a hard timeout.
 
 - every core scenario is ordered in gather mode (main process's output), on several releases;
 - a subset call (one rank skips an in_order call): no hang, a warning naming that rank, and the next
@@ -150,7 +150,7 @@ def test_two_nodes_all_records_in_node_0(tmp_path):
     assert {name: scenarios.check(name, 4, merged) for name in names} == dict.fromkeys(names, ("ordered", ""))
     writers = {by for name in names for by in scenarios.writers(node0, name).values()}
     assert writers == {0}, writers
-    # Over two hosts, every line gather mode prints leads with its host (issue 28): here both "hosts" are
+    # Over two hosts, every line gather mode prints leads with its host: here both "hosts" are
     # this machine, so each record names it.
     host = f"[{socket.gethostname()}] [RANK "
     records = [line for line in node0 if "#" in line and "@@" in line]

@@ -1,6 +1,6 @@
 """16 real ranks: gather mode complete, ordered, each record exactly once; the store bounded in both modes.
 
-The gather job also runs collapse off then on (issue 36) over calls whose messages mix identical and
+The gather job also runs collapse off then on over calls whose messages mix identical and
 different ones: a collapsed line counts once for each rank it names.
 
 One torchrun job, CPU gloo, under a hard timeout. Lean on purpose (2 CI cores): one job, no stagger.

@@ -1,6 +1,7 @@
 """Promise: `python -m build` gives an sdist and a wheel that pass `twine check --strict`; the wheel carries the
-start-up hook, `py.typed`, the license and the benchmark; and `accelerate-inorder-fix bench` works from a wheel
-install (a real 2-rank job, torchrun + gloo, under a hard timeout that kills the job's process tree).
+start-up hook, `py.typed`, the license, the benchmark and the lint where its entry points name it; and
+`accelerate-inorder-fix bench` works from a wheel install (a real 2-rank job, torchrun + gloo, under a hard
+timeout that kills the job's process tree).
 
 The wheel is installed into a fresh venv (tests/conftest.py: `make_venv`, whose dependencies come from the test
 runner's site-packages), and run from a folder outside the repo with no PYTHONPATH to it.
@@ -46,6 +47,19 @@ def test_wheel_carries_the_hook_py_typed_the_license_and_the_bench(dists):
     sources = {n: wheel.read(n).decode() for n in names if n.endswith(".py")}
     assert "accelerate_inorder_fix/gather/queues.py" in sources
     assert not [n for n, text in sources.items() if re.search(r"pickle|marshal|LegacyInbox", text)]
+
+
+def test_wheel_carries_the_lint_where_its_entry_points_name_it(dists):
+    wheel = zipfile.ZipFile(dists["wheel"])
+    names = set(wheel.namelist())
+    lint = {n for n in names if n.startswith("accelerate_inorder_fix/lint/") and n.endswith(".py")}
+    assert {"accelerate_inorder_fix/lint/__init__.py", "accelerate_inorder_fix/lint/flake8_plugin.py"} <= lint
+    assert not any(n.startswith("accelerate_inorder_fix/cli/lint/") for n in names)
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    targets = re.findall(r"^\S+ = ([\w.]+):\w+$", wheel.read(entry_points).decode(), flags=re.MULTILINE)
+    assert "accelerate_inorder_fix.lint.flake8_plugin" in targets
+    for module in targets:  # the console script and the flake8 plugin: each module is in the wheel
+        assert module.replace(".", "/") + ".py" in names, module
 
 
 def test_sdist_builds_the_same_files(dists):

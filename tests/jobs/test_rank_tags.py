@@ -1,4 +1,4 @@
-"""Every gather-mode line says which rank, and over several hosts which host, it came from (issue 28).
+"""Every gather-mode line says which rank, and over several hosts which host, it came from.
 
 In gather mode the main process prints every rank's record. accelerate 1.13+ tags a message
 `[RANK n] ` in `process()`; before 1.13 nothing did, so four ranks logging "shard loaded" gave four
@@ -24,7 +24,7 @@ def _env(version, mode="gather"):
 @pytest.mark.parametrize("version", ["0.21.0", "1.12.0", "1.15.0"])
 def test_every_gather_line_names_its_rank_exactly_once_and_collapsed_lines_name_every_rank(version):
     """4 ranks log the same message: four lines, each naming its own rank, once. Then, collapse on
-    (issue 36): identical records print once, tagged with every rank that sent them, the same tag on
+   : identical records print once, tagged with every rank that sent them, the same tag on
     every release (1.13+ tags a message itself; before, the tag is ours), and carry `ranks`."""
     cmd = _launch.launch_command([SCRIPT, "%(ranks)s|%(message)s", "--collapse"], 4)
     job = _launch.run(cmd, env=_env(version), timeout=120, stall=30)
@@ -44,7 +44,7 @@ def test_over_two_hosts_each_line_names_its_host_and_rank(tmp_path):
 
     The two "hosts" are one machine: the script replaces `socket.gethostname` (`--fake-hosts`). Whether
     the job spans hosts comes from torchrun's WORLD_SIZE and LOCAL_WORLD_SIZE, as on real nodes.
-    With collapse on, identical records print one line per host, with its host tag (issue 36).
+    With collapse on, identical records print one line per host, with its host tag.
     """
     script = [SCRIPT, "%(hostname)s|%(rank)s|%(message)s", "--fake-hosts", "--collapse"]
     job, (node0, node1), errors = two_nodes(script, _env("1.12.0"), tmp_path)

@@ -1,4 +1,4 @@
-"""Issue 13, on a real job: what a rank's queue in the c10d store holds is data, never code.
+"""On a real job: what a rank's queue in the c10d store holds is data, never code.
 
 A 4-rank gather job (torchrun, CPU gloo, accelerate 1.15.0) in which rank 1 posts, in place of its
 record of call 2, a pickle that would create a file when unpickled, and rank 3 posts its record of

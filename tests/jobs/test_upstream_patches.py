@@ -6,8 +6,8 @@ then runs in `.venv-upstream` (scripts/setup.sh), a venv that does not have this
 ACCELERATE_INORDER_FIX=0 for good measure and the patched accelerate first on PYTHONPATH:
 
 (a) the scenario suite must give the same verdicts as the monkeypatch on the same release. This is
-    the one source of truth: the patch files and `_inorder.py` are two spellings of one behaviour,
-    and the scenarios (the contract of issue 2) decide whether they still agree;
+    the one source of truth: the patch files and `_wrapper.py` are two spellings of one behaviour,
+    and the scenarios (the contract `check` judges) decide whether they still agree;
 (b) accelerate's own tests/test_logging.py (where the release has it) and the series' regression
     test must pass, and the same regression test must fail on the unpatched sdist, each failing test
     within REGRESSION_BOUND seconds (its gloo timeout, not a deadline of ours, ends it);
@@ -407,7 +407,7 @@ def test_series_share_one_single_process_test():
 
 
 def test_regression_test_conventions():
-    """The upstream test follows accelerate's CPU multi-process conventions (issue 12)."""
+    """The upstream test follows accelerate's CPU multi-process conventions."""
     files = _regression_files(SERIES["1.13"])
     test, script = files[REGRESSION_TEST], files[REGRESSION_SCRIPT]
     assert "@require_cpu\nclass " in test

@@ -66,6 +66,7 @@ from accelerate_inorder_fix.barrier import (
     turns,  # noqa: E402
 )
 from accelerate_inorder_fix.store import mode  # noqa: E402
+from accelerate_inorder_fix.testing import StoreTimeout  # noqa: E402  (what a wait raises at its deadline)
 
 
 T = 10.0  # the timeout, in virtual seconds
@@ -76,10 +77,6 @@ SITES = {name: (f"train_{name}.py", "step", 10 + i) for i, name in enumerate("AB
 
 class Killed(BaseException):
     """A rank's process dies (not an Exception: nothing in the product may catch it)."""
-
-
-class StoreTimeout(RuntimeError):
-    """What a wait raises at its deadline, as torch's DistStoreError."""
 
 
 @dataclass

@@ -7,11 +7,11 @@ import logging
 from pathlib import Path
 
 import pytest
-from fake_store import FakeStore
 
 from accelerate_inorder_fix.cli import main
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import copies, queues
+from accelerate_inorder_fix.testing import InMemoryStore
 from benchmarks import bench_scale
 
 
@@ -43,7 +43,7 @@ def test_the_package_never_imports_the_developer_benchmarks():
 
 
 def test_legacy_protocol_gives_the_same_blocks_one_round_trip_per_step_per_rank():
-    store, world_size, seen = FakeStore(), 4, []
+    store, world_size, seen = InMemoryStore(), 4, []
     logger = logging.getLogger(bench_scale.LOGGER)
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())
@@ -82,7 +82,7 @@ def test_concurrent_arrivals_spread_each_call_over_its_step_the_same_for_every_p
 
 def test_a_decoder_that_drops_delta_copies_fails_the_count(monkeypatch):
     """The mutation the count exists for: delta copies decoded into nothing emit fewer records, silently."""
-    store, world_size = FakeStore(), 4
+    store, world_size = InMemoryStore(), 4
     real = copies.CopyReader.decode
 
     def drops_deltas(self, rank, line, current=None):
@@ -118,6 +118,6 @@ def test_per_record_figures_are_measured():
 
 
 def test_the_store_inbox_and_the_old_one_implement_the_collectors_record_source_protocol():
-    assert isinstance(queues.StoreInbox(FakeStore(), 4), _collector.RecordSource)
-    assert isinstance(bench_scale.LegacyInbox(FakeStore(), 4), _collector.RecordSource)
+    assert isinstance(queues.StoreInbox(InMemoryStore(), 4), _collector.RecordSource)
+    assert isinstance(bench_scale.LegacyInbox(InMemoryStore(), 4), _collector.RecordSource)
     assert not isinstance(object(), _collector.RecordSource)

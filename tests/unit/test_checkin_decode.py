@@ -3,12 +3,11 @@
 A verdict, a marker or a counter is read from the job's store, where anyone with access can write. A forged
 verdict nested deeper than the JSON decoder's recursion limit, or a call number in non-ASCII digits
 (`'²'.isdigit()` is True, `int('²')` raises), must read as junk: a skip named "damaged", or a marker of no
-call. On one in-memory store (tests/unit/fake_store.py), one rank of two checks in alone.
+call. On one in-memory store (`testing.InMemoryStore`), one rank of two checks in alone.
 """
 
-from fake_store import FakeStore
-
 from accelerate_inorder_fix.barrier import checkin
+from accelerate_inorder_fix.testing import InMemoryStore
 
 
 SITE = ("train.py", "step", 10)
@@ -26,7 +25,7 @@ def first_verdict(side):
 
 
 def test_a_forged_deeply_nested_verdict_is_a_damaged_skip_not_a_recursion_error():
-    store = FakeStore()
+    store = InMemoryStore()
     forged = checkin.SKIP + b'{"missing": ' + b"[" * 200_000
     store.set(checkin.Call(checkin.site_name(SITE), 1).key, forged)
     assert checkin.Verdict.decode(forged) == checkin.Verdict(False, checkin.Why.DAMAGED)
@@ -43,7 +42,7 @@ def test_a_marker_in_non_ascii_digits_leaves_the_wait_and_its_timeout_alone():
     """Rank 1's marker names a call '²' at another site: halfway, rank 0 looks at it for a wait-for cycle,
     finds no call, and gives its own up at the timeout, naming rank 1 (f0a0bfc: a "store" skip, from the
     ValueError, which named nobody)."""
-    store = FakeStore()
+    store = InMemoryStore()
     store.set(checkin.MARK + "1", "other.py:3:f/²".encode())
     store.set("b/s/other.py:3:f/n", "²".encode())
     side = alone(store)

@@ -41,7 +41,7 @@ def test_a_deadlock_in_the_patched_job_marks_the_rest_not_reached():
 
 
 def test_a_patched_job_that_aborts_at_exit_is_not_reported_ordered():
-    """Every rank finished every scenario, then a rank aborted at exit (issue 24): `check` says so."""
+    """Every rank finished every scenario, then a rank aborted at exit: `check` says so."""
     lines = _lines("default", 2) + _lines("all_processes", 2)
     stderr = "terminate called without an active exception\n...\nChildFailedError: ... (SIGABRT)"
     outcomes = _check.judge_all(["default", "all_processes"], 2, Job(lines, stderr, 1, None, 5.0))

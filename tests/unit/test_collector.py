@@ -11,12 +11,12 @@ import threading
 import time
 
 import pytest
-from fake_store import FakeStore, UnbatchedFakeStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import queues, records
+from accelerate_inorder_fix.testing import InMemoryStore, UnbatchedInMemoryStore
 
 
 LOGGER = "aif.test.collector"
@@ -47,7 +47,7 @@ class Job:
     """One main process (a Collector) and `world_size - 1` ranks (Outboxes) on one store."""
 
     def __init__(self, world_size, timeout=0.2, store=None, publish_every=None, clean_every=None):
-        self.store = store if store is not None else FakeStore()
+        self.store = store if store is not None else InMemoryStore()
         self.warnings = []
         inbox = queues.StoreInbox(self.store, world_size, publish_every or queues.PUBLISH_EVERY)
         self.collector = _collector.Collector(inbox, world_size, timeout, self.warnings.append)
@@ -107,13 +107,13 @@ def test_record_whose_copy_is_gone_or_damaged_comes_from_its_own_key():
     assert ("multi_get", 2) in job.store.calls and not job.warnings
 
 
-class StoreWithoutAppend(FakeStore):
+class StoreWithoutAppend(InMemoryStore):
     append = None  # as torch releases before `Store.append`
 
 
 @pytest.mark.parametrize(
     "store_type, reads",
-    [(StoreWithoutAppend, [("multi_get", 3)]), (UnbatchedFakeStore, [("get", 1)] * 3)],
+    [(StoreWithoutAppend, [("multi_get", 3)]), (UnbatchedInMemoryStore, [("get", 1)] * 3)],
     ids=["without append", "without append or multi_get"],
 )
 def test_older_stores_give_the_same_blocks_from_the_keys(store_type, reads):

@@ -1,7 +1,7 @@
 """Promise: a call some ranks never make costs one timeout for its call site in all, and never splits the
-blocks of the calls they do make (issue 24, item 10); a rank that died costs at most 1.25 timeouts in all.
+blocks of the calls they do make; a rank that died costs at most 1.25 timeouts in all.
 
-On the in-memory store (`fake_store`), the package's real `Outbox` / `Inbox` / `Collector`, driven by
+On the in-memory store (`testing.InMemoryStore`), the package's real `Outbox` / `Inbox` / `Collector`, driven by
 test_collector.py's `Job`: the main process's calls, and the other ranks' posts between them, in the
 order a real job makes them. `MAIN` is a call only the main process makes
 (`if accelerator.is_main_process: logger.info(..., in_order=True)`), `SITE` one every rank makes.
@@ -9,8 +9,9 @@ order a real job makes them. `MAIN` is a call only the main process makes
 
 import threading
 
-from fake_store import FakeStore
 from test_collector import OTHER, SITE, SLACK, Job
+
+from accelerate_inorder_fix.testing import InMemoryStore
 
 
 MAIN = ("train.py", "step", 30)
@@ -96,7 +97,7 @@ def test_rank_absent_at_one_site_is_waited_for_there_again_once_a_record_of_it_f
     assert len(job.warnings) == 1
 
 
-class MillisecondStore(FakeStore):
+class MillisecondStore(InMemoryStore):
     """c10d's wait rounds its timeout down to whole milliseconds, and 0 ms means no timeout at all."""
 
     def __init__(self):

@@ -1,7 +1,7 @@
 """Promise: past a call's deadline the main process reads a lagging rank's backlog only boundedly: no
 call takes longer than the timeout plus its grace (`collector.GRACE`), however many records wait.
 
-On the in-memory store (`fake_store`) given a round trip of its own (`RoundTripStore`: each store call
+On the in-memory store (`testing.InMemoryStore`) given a round trip of its own (`RoundTripStore`: each store call
 costs `ROUND_TRIP`, as a TCPStore's does), the package's real `Outbox` / `Inbox` / `Collector`, driven
 by test_collector.py's `Job`. Before this was fixed, the main process went on reading the backlog past
 the deadline until it found the rank's record of the call: 20,000 records took it 14.7-18.4 s at T = 3 s
@@ -10,18 +10,18 @@ on a real job.
 
 import time
 
-from fake_store import FakeStore
 from test_collector import OTHER, SITE, SLACK, Job
 
 from accelerate_inorder_fix.gather import collector as _collector
+from accelerate_inorder_fix.testing import InMemoryStore
 
 
 ROUND_TRIP = 0.0005  # seconds a store call costs: a TCPStore's on loopback, under load
 BACKLOG = 20_000
 
 
-class RoundTripStore(FakeStore):
-    """A `FakeStore` whose every call costs `round_trip` seconds, once it is set."""
+class RoundTripStore(InMemoryStore):
+    """A `InMemoryStore` whose every call costs `round_trip` seconds, once it is set."""
 
     round_trip = 0.0
 

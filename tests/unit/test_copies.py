@@ -1,4 +1,4 @@
-"""Copies in the shared slots (issue 11): a whole call's records in one read, never the only copy.
+"""Copies in the shared slots: a whole call's records in one read, never the only copy.
 
 Pure logic, in-process: a delta copy gives exactly the record the rank's own key holds; a copy that
 cannot give it (damaged, foreign, its base not read) is not used, so the record comes from the key;
@@ -11,10 +11,10 @@ import threading
 import time
 
 import pytest
-from fake_store import FakeStore
 
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import copies, queues, records
+from accelerate_inorder_fix.testing import InMemoryStore
 
 
 SITE = ("train.py", "step", 7)
@@ -91,7 +91,7 @@ def test_lines_of_a_slot_that_are_not_copies_are_dropped():
 
 
 def test_a_rank_cleans_up_off_its_post():
-    store = FakeStore()
+    store = InMemoryStore()
     outbox = queues.Outbox(store, 1, clean_every=2)  # background clean-up, as in a job
     inbox = queues.StoreInbox(store, 2, publish_every=1)
     for n in range(2):
@@ -113,8 +113,8 @@ def test_a_rank_cleans_up_off_its_post():
 
 def test_a_stopped_clean_up_thread_has_ended_and_deletes_no_more():
     """`stop` (before destroy_process_group and at exit) ends the thread after the delete it is in: no
-    thread of ours is left inside a store call when the interpreter finalizes (issue 24)."""
-    store = FakeStore()
+    thread of ours is left inside a store call when the interpreter finalizes."""
+    store = InMemoryStore()
     outbox = queues.Outbox(store, 1, clean_every=2)
     inbox = queues.StoreInbox(store, 2, publish_every=1)
     for n in range(4):
@@ -150,7 +150,7 @@ class _Connection:
 
 
 def test_a_rank_cleans_up_on_a_connection_of_its_own_not_its_posts_one():
-    store = FakeStore()
+    store = InMemoryStore()
     posts, cleanup = _Connection(store), _Connection(store)
     outbox = queues.Outbox(posts, 1, clean_every=2, background=False, cleanup_store=cleanup)
     inbox = queues.StoreInbox(store, 2, publish_every=1)
@@ -164,7 +164,7 @@ def test_a_rank_cleans_up_on_a_connection_of_its_own_not_its_posts_one():
 
 
 def test_a_block_of_delta_copies_comes_out_whole_and_in_rank_order():
-    store, seen = FakeStore(), []
+    store, seen = InMemoryStore(), []
     outboxes = {rank: queues.Outbox(store, rank, background=False) for rank in (1, 2, 3)}
     collector = _collector.Collector(queues.StoreInbox(store, 4), 4, 1.0, pytest.fail)
     handler = logging.Handler()
@@ -200,7 +200,7 @@ class _LosesReplies:
 def test_a_post_whose_connection_failed_is_settled_once_on_a_fresh_one(applied):
     """Applied before the reply was lost, or not applied: asked again, the record is in its key once, the
     outbox goes on on the fresh connection, and the main process takes each record once."""
-    store = FakeStore()
+    store = InMemoryStore()
     outbox = queues.Outbox(_LosesReplies(store, applied), 1, background=False)
     payload = records.encode((SITE, 1), _record(1, 1))[0]
     with pytest.raises(ConnectionError):
@@ -214,7 +214,7 @@ def test_a_post_whose_connection_failed_is_settled_once_on_a_fresh_one(applied):
 
 
 def test_a_post_that_meets_the_seal_on_its_fresh_connection_is_the_ranks_to_print():
-    store = FakeStore()
+    store = InMemoryStore()
     queues.StoreInbox(store, 2).seal(1)
     outbox = queues.Outbox(_LosesReplies(store, False), 1, background=False)
     payload = records.encode((SITE, 1), _record(1, 1))[0]

@@ -17,12 +17,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from fake_store import FakeStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import copies, queues, records
+from accelerate_inorder_fix.testing import InMemoryStore
 
 
 LOGGER = "aif.unit.delta"
@@ -31,7 +31,7 @@ DELTA_FLOOR = 0.3  # share of the ranks' copies decoded as deltas over the whole
 Identity = tuple[tuple[str, str, int], int]
 
 
-class SlotHookStore(FakeStore):
+class SlotHookStore(InMemoryStore):
     """A store that runs the actions in `after_slot_read` once the main process has read a slot.
 
     Right after the read and its delete (the copies land in a new slot), or between the two when

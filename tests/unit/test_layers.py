@@ -1,12 +1,15 @@
 """Promise: the package's layers point one way (import-linter's contracts in pyproject.toml hold) and no import
 cycle exists anywhere in it, function-local imports included (grimp reads every import statement)."""
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import grimp
+import pytest
 from conftest import REPO
 
 
@@ -52,3 +55,43 @@ def test_every_module_is_in_the_graph():
         for p in root.rglob("*.py")
     }
     assert files == set(_graph().modules)
+
+
+def _lint_imports_with(tmp_path, planted):
+    """lint-imports on a copy of the package whose lint gains the import `planted` (and a new module beside it)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO / PACKAGE, copy / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", copy)
+    (copy / PACKAGE / "brand_new.py").write_text('"""A module the contracts have never heard of."""\n')
+    init = copy / PACKAGE / "lint" / "__init__.py"
+    init.write_text(init.read_text() + f"\n{planted}  # noqa\n")
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    proc = subprocess.run(
+        [str(lint_imports), "--no-cache"], cwd=copy, env=env, capture_output=True, text=True, timeout=120
+    )
+    return proc.stdout.replace("\n", " ")
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        "from .. import _diagnostics",
+        "from .. import brand_new",
+        "from ..store import teardown",
+        "import accelerate_inorder_fix",
+    ],
+)
+def test_the_lint_may_import_no_other_module_of_the_package_a_new_one_included(tmp_path, planted):
+    # Any module of the package, the stderr warnings and a module added later included, breaks the contract.
+    output = _lint_imports_with(tmp_path, planted)
+    assert re.search(
+        r"lint (imports nothing from the rest|does not import the package's __init__)[^.]*BROKEN", output
+    ), output
+
+
+def test_the_lint_may_import_the_standard_library(tmp_path):
+    # The control of the test above: its copy, a new module and a planted import, breaks only what it plants.
+    output = _lint_imports_with(tmp_path, "import os")
+    assert re.search(r"lint imports nothing from the rest[^.]*KEPT", output), output
+    assert re.search(r"lint does not import the package's __init__ either[^.]*KEPT", output), output

@@ -5,14 +5,16 @@ balance, names the condition and its line, and stays silent on everything else."
 import ast
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-from accelerate_inorder_fix.cli import lint
+from accelerate_inorder_fix import lint
 
 
 HEADER = """\
@@ -366,18 +368,38 @@ def test_the_command_runs_and_imports_neither_torch_nor_accelerate(tmp_path):
     imported = {
         line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")
     }
-    assert "accelerate_inorder_fix.cli.lint.walker" in imported  # -X importtime saw the lint load
+    assert "accelerate_inorder_fix.lint.walker" in imported  # -X importtime saw the lint load
     assert not {m.split(".")[0] for m in imported} & {"torch", "accelerate"}
     usage = _cli([], cwd=repo)
     assert usage.returncode == 2 and "PATH" in usage.stderr
+
+
+def _repo_entry_points(tmp_path):
+    """A folder whose one distribution declares pyproject.toml's flake8 entry point: first on the path, it
+    stands in for the installed copy's metadata (flake8 loads a distribution's plugins once, the first found)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["flake8.extension"]
+    meta = tmp_path / "meta" / "accelerate_inorder_fix-0.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: accelerate-inorder-fix\nVersion: 0\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in entry.items())
+    (meta / "entry_points.txt").write_text(f"[flake8.extension]\n{lines}")
+    return meta.parent
+
+
+def _flake8_aif(tmp_path, path):
+    """`flake8 --select AIF path` with this repository's package and entry point."""
+    flake8 = Path(sys.executable).parent / "flake8"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(_repo_entry_points(tmp_path)), str(REPO)))}
+    command = [str(flake8), "--select", "AIF", str(path)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_flake8_runs_the_same_checks_through_the_plugin(tmp_path):
     path = _write(
         tmp_path, "t.py", "if accelerator.is_main_process:\n    dist.barrier()\n    dist.barrier()  # noqa: AIF002\n"
     )
-    flake8 = Path(sys.executable).parent / "flake8"
-    proc = subprocess.run([str(flake8), "--select", "AIF", str(path)], capture_output=True, text=True, timeout=60)
+    proc = _flake8_aif(tmp_path, path)
     line = HEADER.count("\n") + 2
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stdout.splitlines() == [
@@ -387,7 +409,7 @@ def test_flake8_runs_the_same_checks_through_the_plugin(tmp_path):
     ]
 
 
-# --- Membership, balance, recall, AIF003 and the command's options (issue 25) ---
+# --- Membership, balance, recall, AIF003 and the command's options ---
 
 
 def test_a_group_collective_under_a_membership_test_is_silent():
@@ -677,8 +699,7 @@ def test_the_command_takes_select_and_ignore_and_rejects_a_bad_code(tmp_path):
 
 def test_flake8_reports_AIF003_through_the_plugin(tmp_path):
     path = _write(tmp_path, "t.py", "if accelerator.is_main_process:\n    accelerator.save_state('o')\n")
-    flake8 = Path(sys.executable).parent / "flake8"
-    proc = subprocess.run([str(flake8), "--select", "AIF", str(path)], capture_output=True, text=True, timeout=60)
+    proc = _flake8_aif(tmp_path, path)
     assert proc.returncode == 1 and ": AIF003 `accelerator.save_state()` is collective under DeepSpeed" in proc.stdout
 
 

@@ -11,30 +11,33 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from fake_store import FakeStore
 
 from accelerate_inorder_fix import session as session_module
+from accelerate_inorder_fix import testing
 from accelerate_inorder_fix._call import InOrderCall, LogArgs
-from accelerate_inorder_fix._diagnostics import DIAGNOSTICS
 from accelerate_inorder_fix._origin import Origin
 from accelerate_inorder_fix.barrier.side import BarrierSide
 from accelerate_inorder_fix.barrier.turns import AT_ONCE, PlainBarriers
 from accelerate_inorder_fix.config import Settings
 from accelerate_inorder_fix.session import InOrderSession
+from accelerate_inorder_fix.testing import InMemoryStore
 
 
 SITE = ("train.py", "step", 7)
 
 
+MADE = []  # every session a test made: let go of after it (atexit, torch's teardown hook)
+
+
 @pytest.fixture(autouse=True)
-def fresh_diagnostics(monkeypatch):
-    """Each test a process that has said nothing; its sessions touch neither torch's teardown nor atexit."""
-    DIAGNOSTICS.reset()
+def fresh_process(monkeypatch):
+    """Each test a process as imported (`testing.reset`): nothing said, nothing configured, nothing registered."""
     monkeypatch.delenv("ACCELERATE_INORDER_MODE", raising=False)
-    monkeypatch.setattr(session_module.teardown, "on_destroy", lambda release: None)
-    monkeypatch.setattr(session_module.atexit, "register", lambda close: None)
+    testing.reset()
     yield
-    DIAGNOSTICS.reset()
+    while MADE:
+        MADE.pop().reset()
+    testing.reset()
 
 
 def _rank(rank, world_size=2):
@@ -57,11 +60,12 @@ def _call(rank=1, site=SITE, adapter=None, msg="hello", timeout=0.2):
 
 
 def _sessions(store, n=2):
-    return [InOrderSession(open_store=lambda timeout: (store, None)) for _ in range(n)]
+    MADE.extend(InOrderSession(open_store=lambda timeout: (store, None)) for _ in range(n))
+    return MADE[-n:]
 
 
 def test_every_rank_takes_the_main_process_mode_and_a_rank_that_differs_says_so(capsys):
-    store = FakeStore()
+    store = InMemoryStore()
     main, rank1 = _sessions(store)
     assert main.mode(_rank(0), _settings("gather")) == "gather"
     assert rank1.mode(_rank(1), _settings("barrier")) == "gather"
@@ -71,7 +75,7 @@ def test_every_rank_takes_the_main_process_mode_and_a_rank_that_differs_says_so(
 
 
 def test_a_configure_after_the_agreement_is_a_switch_every_rank_follows():
-    store = FakeStore()
+    store = InMemoryStore()
     main, rank1 = _sessions(store)
     settings = [_settings("barrier"), _settings("barrier")]
     assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["barrier", "barrier"]
@@ -83,14 +87,14 @@ def test_a_configure_after_the_agreement_is_a_switch_every_rank_follows():
 
 
 def test_the_main_process_silent_leaves_a_rank_on_its_own_setting_after_the_timeout(capsys):
-    (rank1,) = _sessions(FakeStore(), n=1)
+    (rank1,) = _sessions(InMemoryStore(), n=1)
     assert rank1.mode(_rank(1), _settings("barrier", timeout=0.05)) == "barrier"
     assert "did not publish its in_order mode within 0.05 s" in capsys.readouterr().err
     rank1.close()
 
 
 def test_a_store_that_fails_leaves_the_rank_on_its_own_setting_with_one_line(capsys):
-    class Broken(FakeStore):
+    class Broken(InMemoryStore):
         def wait(self, keys, timeout=None):
             raise ConnectionError("the store went away")
 
@@ -102,6 +106,7 @@ def test_a_store_that_fails_leaves_the_rank_on_its_own_setting_with_one_line(cap
 
 def test_no_store_means_plain_barriers_and_gather_falls_back_to_barrier_mode(capsys):
     session = InOrderSession(open_store=lambda timeout: (None, "torch.distributed has no default process group"))
+    MADE.append(session)
     settings = _settings("gather")
     assert session.mode(_rank(1), settings) == "barrier"
     assert (
@@ -111,7 +116,7 @@ def test_no_store_means_plain_barriers_and_gather_falls_back_to_barrier_mode(cap
 
 
 def test_a_forked_process_is_not_a_rank_it_never_checks_in_nor_posts(capsys):
-    store = FakeStore()
+    store = InMemoryStore()
     (rank1,) = _sessions(store, n=1)
     settings = _settings("barrier")
     rank1.mode(_rank(1), settings)  # opens the store in this process
@@ -124,7 +129,7 @@ def test_a_forked_process_is_not_a_rank_it_never_checks_in_nor_posts(capsys):
 
 
 def test_a_forked_process_in_gather_mode_prints_its_record_itself(capsys):
-    store = FakeStore()
+    store = InMemoryStore()
     main, rank1 = _sessions(store)
     settings = _settings("gather")
     main.mode(_rank(0), settings)
@@ -147,7 +152,7 @@ def test_a_forked_process_in_gather_mode_prints_its_record_itself(capsys):
 def test_call_counts_are_per_site_and_mode_and_give_each_call_its_identity():
     """Counted once, by the session, for both modes: each mode numbers its own calls at a site (the
     check-in's keys and gather's blocks each start at call 1)."""
-    (session,) = _sessions(FakeStore(), n=1)
+    (session,) = _sessions(InMemoryStore(), n=1)
     settings = _settings("barrier")
     other = ("train.py", "step", 9)
     calls = [_call(site=site) for site in (SITE, SITE, other, SITE)]
@@ -160,7 +165,7 @@ def test_call_counts_are_per_site_and_mode_and_give_each_call_its_identity():
 
 def test_a_skipped_first_call_costs_one_timeout_in_all_agreement_and_check_in_together(capsys):
     """The main process never comes: rank 1 waits for its mode word, then checks in by the same deadline."""
-    (rank1,) = _sessions(FakeStore(), n=1)
+    (rank1,) = _sessions(InMemoryStore(), n=1)
     settings = _settings("barrier", timeout=0.3)
     start = time.monotonic()
     call = _call(timeout=0.3)
@@ -172,7 +177,7 @@ def test_a_skipped_first_call_costs_one_timeout_in_all_agreement_and_check_in_to
 
 
 def test_a_switch_made_on_one_rank_alone_is_refused_with_one_line_and_one_made_by_the_main_process_is_taken(capsys):
-    store = FakeStore()
+    store = InMemoryStore()
     main, rank1 = _sessions(store)
     settings = [_settings("barrier", timeout=0.2), _settings("barrier", timeout=0.2)]
     assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["barrier", "barrier"]
@@ -191,7 +196,7 @@ def test_a_switch_made_on_one_rank_alone_is_refused_with_one_line_and_one_made_b
 
 
 def test_switches_on_every_rank_meet_at_the_same_word_whoever_comes_first():
-    store = FakeStore()
+    store = InMemoryStore()
     main, rank1 = _sessions(store)
     settings = [_settings("barrier", timeout=2.0), _settings("barrier", timeout=2.0)]
     assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["barrier", "barrier"]
@@ -208,7 +213,7 @@ def test_switches_on_every_rank_meet_at_the_same_word_whoever_comes_first():
 
 
 def test_after_close_a_call_logs_at_once_without_barriers(capsys):
-    (rank1,) = _sessions(FakeStore(), n=1)
+    (rank1,) = _sessions(InMemoryStore(), n=1)
     settings = _settings("barrier", timeout=0.05)
     rank1.mode(_rank(1), settings)
     rank1.close()
@@ -218,7 +223,7 @@ def test_after_close_a_call_logs_at_once_without_barriers(capsys):
 
 def test_a_child_forked_while_a_thread_holds_the_lock_or_before_any_call_is_not_a_rank_and_never_blocks():
     """Forked before the first call (no store yet) and while another thread is inside an in_order call."""
-    (session,) = _sessions(FakeStore(), n=1)
+    (session,) = _sessions(InMemoryStore(), n=1)
     settings = _settings("barrier")
     holding, release = threading.Event(), threading.Event()
 
@@ -247,7 +252,7 @@ def test_the_word_written_when_the_process_group_started_spares_the_first_post_i
     """The main process skips (or is late to) its first call: a rank whose setting has not changed since the
     process group started takes the word the main process wrote then, without waiting; if the main process
     then changed its mode alone, the rank follows it from its next call, and says so."""
-    store = FakeStore()
+    store = InMemoryStore()
     main, rank1 = _sessions(store)
     settings = [_settings("gather", timeout=2.0), _settings("gather", timeout=2.0)]
     store.set(

@@ -1,4 +1,4 @@
-"""Our store threads are released before the default process group is destroyed (issue 24).
+"""Our store threads are released before the default process group is destroyed.
 
 `teardown.on_destroy` wraps `torch.distributed.destroy_process_group` once; the wrapper calls every
 registered release first, only when the call ends the job (the default group, or every group), and
@@ -11,17 +11,16 @@ import pytest
 torch_distributed = pytest.importorskip("torch.distributed")
 from torch.distributed import distributed_c10d  # noqa: E402
 
+from accelerate_inorder_fix import testing  # noqa: E402
 from accelerate_inorder_fix.store import teardown  # noqa: E402
 
 
 @pytest.fixture
-def hook(monkeypatch):
-    """A clean hook state; torch's functions are restored afterwards."""
-    for module in (torch_distributed, distributed_c10d):
-        monkeypatch.setattr(module, "destroy_process_group", module.destroy_process_group)
-    monkeypatch.setattr(teardown, "_releases", [])
-    monkeypatch.setattr(teardown, "_installed", [])
-    return teardown
+def hook():
+    """A clean hook state; torch's functions are restored afterwards (`testing.reset`)."""
+    testing.reset()
+    yield teardown
+    testing.reset()
 
 
 def test_a_release_runs_before_the_default_group_is_destroyed_once_per_call(hook):
@@ -57,3 +56,14 @@ def test_a_subgroup_destroyed_releases_nothing_and_a_failing_release_never_reach
     with pytest.raises((ValueError, RuntimeError, AssertionError)):  # torch's error, not the OSError
         torch_distributed.destroy_process_group()
     assert calls == ["release"] and "could not release in_order threads before destroy" in capsys.readouterr().err
+
+
+def test_reset_puts_torchs_own_functions_back_and_forgets_every_release(hook):
+    original = torch_distributed.destroy_process_group
+    calls = []
+    hook.on_destroy(lambda: calls.append("release"))
+    assert torch_distributed.destroy_process_group is not original
+    testing.reset()
+    assert torch_distributed.destroy_process_group is original
+    assert distributed_c10d.destroy_process_group is original
+    assert hook.HOOK.callbacks() == []

@@ -1,4 +1,4 @@
-"""A main-only in_order call in a loop, next to an every-rank in_order call (issue 24, item 10).
+"""A main-only in_order call in a loop, next to an every-rank in_order call.
 
     ACCELERATE_INORDER_MODE=gather torchrun --nproc_per_node 4 main_only_loop.py steps5,steps20
 

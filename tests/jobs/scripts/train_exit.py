@@ -1,4 +1,4 @@
-"""A user's DDP training job, and how it ends: the exit of a real job, patched or not (issue 24, item 1).
+"""A user's DDP training job, and how it ends: the exit of a real job, patched or not.
 
     accelerate launch --multi_gpu --num_processes 4 train_exit.py PATCH END [SWITCH]
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from . import rank, sources
+from .shapes import is_exit, range_arguments
 from .sources import Binding
 
 
@@ -31,7 +32,6 @@ RANKS = tuple(range(WORLD))
 _LIVE, _DONE, _SKIP = 0, 1, 2  # a rank still running the block; returned or raised; gone to the loop's end
 _MAX_ATOMS = 6  # rank-dependent and mixed unknowns tried in every combination: at most 2**6 worlds
 _MAX_STATES = 512
-_EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 _UNKNOWN = object()
 _MATCH: tuple[type[ast.AST], ...] = tuple(getattr(ast, name) for name in ("Match",) if hasattr(ast, name))
 
@@ -249,15 +249,6 @@ def _children(node: ast.AST) -> Iterator[ast.AST]:
             yield child
 
 
-def is_exit(stmt: ast.stmt) -> bool:
-    """`return`, `raise` or `sys.exit()`-like: the rank leaves the function."""
-    if isinstance(stmt, (ast.Return, ast.Raise)):
-        return True
-    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-        return ".".join(rank.dotted(stmt.value.func) or []) in _EXIT_CALLS
-    return False
-
-
 Loop = Union[ast.For, ast.AsyncFor, ast.While]
 
 
@@ -348,7 +339,7 @@ class _Run:
         """A loop the same on every rank runs its body zero times or once; a rank-dependent one is not followed."""
         head = node.test if isinstance(node, ast.While) else node.iter
         vec = self.add(head, vec, mask)
-        if self.ctx.rank_dependent(head) or _rank_range(head, self.ctx):
+        if self.ctx.rank_dependent(head) or any(self.ctx.rank_dependent(a) for a in range_arguments(head)):
             if any(self._counts_in(s) for s in node.body):
                 raise Unbalanced(ast.unparse(head))
             if any(self._leaves_or_counts(s) for s in node.body):
@@ -400,12 +391,6 @@ class _Run:
 
 def _set_status(vec: Vector, mask: tuple[bool, ...], status: int, only: int = _LIVE) -> Vector:
     return tuple((c, status) if on and s == only else (c, s) for (c, s), on in zip(vec, mask))
-
-
-def _rank_range(node: ast.expr, ctx: Context) -> bool:
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"):
-        return False
-    return any(ctx.rank_dependent(a) for a in node.args)
 
 
 def _tests(body: Sequence[ast.AST]) -> Iterator[ast.expr]:

@@ -25,12 +25,12 @@ from typing import Optional, Union
 
 from . import helpers, paths, rank, sources
 from .paths import Definitions
+from .shapes import exit_word, range_arguments
 from .sources import Binding
 
 
 IN_ORDER, COLLECTIVE, STATE = "AIF001", "AIF002", "AIF003"
 CODES = (IN_ORDER, COLLECTIVE, STATE)
-_EXIT_CALLS = frozenset({"sys.exit", "exit", "quit", "os._exit"})
 _MAX_CONDITION = 60
 _BACKENDS = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP"}
 
@@ -75,22 +75,6 @@ class Finding:
 def _text(node: ast.AST) -> str:
     text = ast.unparse(node)
     return text if len(text) <= _MAX_CONDITION else text[: _MAX_CONDITION - 3] + "..."
-
-
-def exit_word(body: Sequence[ast.stmt]) -> Optional[str]:
-    """How this block certainly leaves: "return", "raise", "continue", "break", "sys.exit()"; else None."""
-    if not body:
-        return None
-    last = body[-1]
-    words = {ast.Return: "return", ast.Raise: "raise", ast.Continue: "continue", ast.Break: "break"}
-    for kind, word in words.items():
-        if isinstance(last, kind):
-            return word
-    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
-        name = ".".join(rank.dotted(last.value.func) or [])
-        if name in _EXIT_CALLS:
-            return f"{name}()"
-    return None
 
 
 _NEW_SCOPES: tuple[type[ast.AST], ...] = (
@@ -477,9 +461,7 @@ class _Walker:
 
     def _rank_range(self, node: ast.expr, tainted: Definitions) -> bool:
         """`range(accelerator.process_index)`: as many turns as the rank says."""
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"):
-            return False
-        return any(self.rank_dependent(arg, tainted) for arg in node.args)
+        return any(self.rank_dependent(arg, tainted) for arg in range_arguments(node))
 
     def after(self, stmt: ast.stmt, reason: Optional[Reason], tainted: Definitions) -> Optional[Reason]:
         """The reason for the rest of the block after `if <rank-dependent>: return`, or None."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from . import paths, rank
+from . import paths, rank, shapes
 
 
 FunctionNode = Union[ast.FunctionDef, ast.AsyncFunctionDef]
@@ -128,7 +128,7 @@ def _may_leave(stmt: ast.stmt) -> bool:
     stack: list[ast.AST] = [stmt]
     while stack:
         item = stack.pop()
-        if isinstance(item, ast.stmt) and paths.is_exit(item):
+        if isinstance(item, ast.stmt) and shapes.is_exit(item):
             return True
         stack.extend(c for c in ast.iter_child_nodes(item) if not isinstance(c, _NESTED))
     return False

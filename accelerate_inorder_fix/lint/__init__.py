@@ -14,8 +14,8 @@ its kind (the balancing rule, in `paths`).
 `sources` lists the rank sources (every name read as a rank or a main-process flag, in one place), `rank` says
 what a rank-dependent value and a collective are, `helpers` which of the user's own functions certainly make a
 collective (a call to one counts as it: one call deep), `walker` which paths are rank-dependent, `paths`
-whether the ranks' paths balance,
-`report` reads files and prints; `flake8_plugin` serves the same checks to `flake8 --select AIF`.
+whether the ranks' paths balance (both read `shapes`: how a block leaves, a `range` call), `report` reads files
+and prints; `flake8_plugin` serves the same checks to `flake8 --select AIF`.
 """
 
 from .report import EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE, FORMATS, check_file, is_selected, parse_codes, run
