@@ -1,7 +1,7 @@
 """Gather mode's queues in the job's c10d store: each rank's records, read by the main process.
 
-A rank that posts never waits for anyone; only the main process reads, in order, with bounded waits
-(the store and its connections: `store.connection`).
+A rank that posts waits for no one while it holds fewer than `BOUND` records in the store; only the main
+process reads, in order, with bounded waits (the store and its connections: `store.connection`).
 
 Each rank's records form a queue: key `<rank>/<n>` is that rank's n-th in_order record, written
 atomically (`compare_set`). That key is the record. Only the main process reads, in order. Reading
@@ -10,8 +10,10 @@ a tenth of a millisecond; so a rank first appends a copy of the record (`copies`
 one key all ranks share, and the main process reads that one slot per call. Who writes and deletes what:
 
     rank r, its n-th record          the job's store          main process, its call n
-    (Outbox.post, never waits)      (s = n % SLOTS)          (StoreInbox, Collector.emit_call)
+    (Outbox.post)                   (s = n % SLOTS)          (StoreInbox, Collector.emit_call)
     --------------------------      ---------------          --------------------------------
+    (BOUND records held: wait for
+     the next ack, make_room)
     append(slot/s, copy line) -----> slot/s: + 1 line
     compare_set(r/n, "", record) --> r/n: the record
       (TOMBSTONE there: sealed,
@@ -20,15 +22,17 @@ one key all ranks share, and the main process reads that one slot per call. Who 
                                      slot/s  <-------------- delete_key(slot/s)    never waits
                                                              records of call n from the copies; then,
                                                              for ranks still missing, until the deadline:
+                                     ack/r/i <-------------- acks due (every PUBLISH_EVERY records of r read)
                                      r/n ... <-------------- wait([r/n, ...], time left)
                                      r/n ... <-------------- multi_get([r/n, ...])  (copies unusable)
                                                              emit the block in rank order
-                                     read    <-------------- every PUBLISH_EVERY calls: set(read, marks)
+                                     ack/r/i <-------------- multi_set: ack i of r = how far r was read
     clean-up (a BackgroundWriter), every CLEAN_EVERY posts, on a connection of its own:
-    check(read), get(read) ---------> read
+    compare_set(ack/r/i, ...), delete_key(ack/r/i): its acks
     delete_key(r/k), k < r's mark -> r/k: gone
-                                                             at exit (Collector.flush -> StoreInbox.seal),
-                                     r/next  <-------------- compare_set(r/next, "", TOMBSTONE) per rank
+    at exit (Outbox.finish):                                 at exit (Collector.flush -> StoreInbox.seal, clear),
+    compare_set(r/sent, "", CLOSED) r/next  <-------------- compare_set(r/next, "", TOMBSTONE) per rank
+      (whoever comes second deletes the queue's last keys)   delete_key(slot/0 ... slot/15)
 
 The invariants, each with the test that guards it (unit tests in tests/unit, jobs in tests/jobs):
 
@@ -42,26 +46,39 @@ The invariants, each with the test that guards it (unit tests in tests/unit, job
   test_faults.py::test_gather_post_applied_before_its_reply_was_lost_comes_out_once).
 - A delta copy is used only against the full copy the main process decoded as its base
   (test_copies.py::test_a_delta_whose_base_was_not_read_is_not_used).
-- The main process deletes nothing but the slot it read, and writes its read marks every
-  `PUBLISH_EVERY` calls (test_collector.py::test_main_process_deletes_only_the_slot_it_read_and_publishes_rarely).
-- A rank deletes only its own records below the main process's mark
+- The main process deletes nothing but the slot it read, and acks a rank's queue every `PUBLISH_EVERY`
+  records it read there, all ranks in one `multi_set`
+  (test_collector.py::test_main_process_deletes_only_the_slot_it_read_and_publishes_rarely).
+- A rank deletes only its own records below the main process's acked mark
   (test_collector.py::test_rank_deletes_only_what_the_main_process_has_read), in its clean-up thread, so no
   post waits for a delete (test_copies.py::test_a_rank_cleans_up_off_its_post), on a connection of its
   own, never the process group's (test_copies.py::test_a_rank_cleans_up_on_a_connection_of_its_own_not_its_posts_one).
 - The clean-up thread is stopped and joined before the process group is destroyed and at exit: no
   thread of ours is inside a store call when the interpreter finalizes
   (test_copies.py::test_a_stopped_clean_up_thread_has_ended_and_deletes_no_more; tests/jobs/test_exit.py).
-- The store holds, per rank, what the main process had not read at the rank's last clean-up plus at
-  most `CLEAN_EVERY + PUBLISH_EVERY` records, and at most `SLOTS` slots, whatever the number of calls
-  (test_collector.py::test_store_size_stays_bounded_whatever_the_number_of_calls;
-  test_gather_scale.py::test_sixteen_ranks_gather_every_record_once_in_order_with_a_bounded_store).
-- The only blocking call is `wait`, always with the time left to the deadline
-  (test_collector.py::test_deadline_bounds_the_wait_and_names_the_missing_rank); the connection's own
-  timeout is bounded too, so a dead store cannot hang a rank for the process group's 30 minutes.
+- A rank holds at most `BOUND` records in the store, read or not: past them its post waits on the key of
+  the main process's next ack (the store's own wait), at most the timeout; a wait in vain makes the rank
+  print its records itself, said once, without waiting again until an ack comes
+  (test_backpressure.py::test_a_rank_far_ahead_of_the_main_process_holds_at_most_the_bound_and_waits_for_its_acks;
+  test_backpressure.py::test_a_full_queue_waits_at_most_T_in_all_then_its_rank_prints_its_records_said_once).
+  The store so holds at most `(ranks - 1) x (BOUND + ACK_KEYS) + SLOTS` keys of gather mode, whatever
+  the job does (test_backpressure.py::test_the_store_stays_bounded_while_ranks_run_ahead_with_an_ack_every_few_records;
+  test_gather_backlog.py::test_a_loaded_job_keeps_every_bound_and_every_record_once).
+- The main process acks what it read before each wait: a rank held at its bound is never waited for by
+  the main process while it waits for the main process's ack.
+- The only blocking calls are `wait`, always with the time left to the deadline
+  (test_collector.py::test_deadline_bounds_the_wait_and_names_the_missing_rank), and a full rank's wait
+  for an ack, at most the timeout; the connection's own timeout is bounded too, so a dead store cannot
+  hang a rank for the process group's 30 minutes.
 - The seal: at exit the main process writes a tombstone at each queue's next key, atomically, taking
   whatever a rank posted there first; a rank posts the same atomic way, so a record either lands before
   the seal (the main process emits it) or meets the tombstone (the rank prints it): never both, never
   neither (test_faults.py::test_gather_mode_emits_every_record_exactly_once_under_faults, case `main_first`).
+- At its exit a rank writes its closing marker where its next record would go: the main process, reading
+  it, deletes the rest of that queue and its acks, and seals it no more; a rank that meets the tombstone
+  instead deletes them itself (the tombstone says how many acks there were). Either way no key of gather
+  mode is left when both have ended
+  (test_backpressure.py::test_every_key_of_a_queue_is_deleted_at_the_end_whichever_side_ends_first).
 
 Torch releases without `append` or `multi_get`: the same protocol on the keys alone, slower
 (test_collector.py::test_older_stores_give_the_same_blocks_from_the_keys).
@@ -140,7 +157,7 @@ class Outbox:
     """A rank's side: append records to its own queue, and delete those already read.
 
     A post never waits while the rank holds fewer than `bound` records in the store (read or not). Past
-    that, `make_room` waits for the main process's next ack, at most `wait_left` seconds in all.
+    that, `make_room` waits for the main process's next ack, at most `timeout` seconds.
     """
 
     def __init__(
@@ -151,12 +168,12 @@ class Outbox:
         background: bool = True,
         cleanup_store: Optional[Store] = None,
         bound: int = BOUND,
-        wait_left: float = 30.0,
+        timeout: float = 30.0,
     ) -> None:
         """`cleanup_store`: where `clean` deletes (`cleanup_store()` in a job); `store` if None.
 
-        `bound`: records held in the store before a post must wait; `wait_left`: seconds it may wait in all
-        (the timeout, 30 s by default).
+        `bound`: records held in the store before a post must wait; `timeout`: how long a post may wait
+        for the main process to read (ACCELERATE_INORDER_TIMEOUT, 30 s by default).
         """
         self.store = store
         self.rank = rank
@@ -168,7 +185,8 @@ class Outbox:
         self.mark = 0  # the main process's read mark, as last learnt from its acks
         self.acks = 0  # acks learnt (and deleted)
         self.bound = bound
-        self.wait_left = wait_left
+        self.timeout = timeout
+        self.behind = False  # a post waited `timeout` in vain, and no ack has come since
         self.lock = threading.Lock()  # the clean-up thread's `clean` and the post's `make_room`
         self.slotted = callable(getattr(store, "append", None))
         self.copier = copies.Copier(rank, refresh=SLOTS)
@@ -203,27 +221,36 @@ class Outbox:
 
     def make_room(self) -> bool:
         """Delete what the main process has read, waiting for its acks while the queue is full; False when
-        `wait_left` ran out first (the main process is that far behind: the rank prints its record itself).
+        the main process read nothing for `timeout` seconds (the rank prints its record itself).
 
-        The wait is the store's own, on the key of the main process's next ack: no polling.
+        The wait is the store's own, on the key of the main process's next ack: no polling. After a wait
+        in vain, later posts do not wait until an ack comes: a main process that reads nothing costs the
+        rank one timeout, not one per record.
         """
         with self.lock:
+            waited = 0.0
             while self.full:
-                if not self._learn(self.store):
-                    if self.wait_left <= 0:
-                        return False
-                    start = time.monotonic()
-                    try:
-                        self.store.wait(
-                            [ack_key(self.rank, self.acks + 1)], datetime.timedelta(seconds=self.wait_left)
-                        )
-                    except RuntimeError:  # DistStoreError on timeout (a RuntimeError subclass)
-                        return False
-                    finally:
-                        self.wait_left -= time.monotonic() - start
-                    if not self._learn(self.store):  # not an ack: nothing to learn from
-                        return False
-                self._delete(self.store, min(self.mark, self.sent), stoppable=False)
+                if self.mark > self.cleaned:  # read already, not deleted yet: the clean-up thread is behind
+                    self._delete(self.store, min(self.mark, self.sent), stoppable=False)
+                    continue
+                if self._learn(self.store):
+                    self.behind = False
+                    continue
+                if self.behind:
+                    return False
+                start = time.monotonic()
+                try:
+                    self.store.wait(
+                        [ack_key(self.rank, self.acks + 1)],
+                        datetime.timedelta(seconds=max(0.0, self.timeout - waited)),
+                    )
+                except RuntimeError:  # DistStoreError on timeout (a RuntimeError subclass)
+                    self.behind = True
+                    return False
+                waited += time.monotonic() - start
+                if waited >= self.timeout and not self._learn(self.store):  # not an ack there
+                    self.behind = True
+                    return False
             return True
 
     def resend(self, store: Store, n: int, payload: bytes) -> bool:
@@ -321,7 +348,12 @@ class StoreInbox:
         return key(rank, self.cursor[rank])
 
     def wait(self, ranks: list[int], seconds: float) -> bool:
-        """Wait up to `seconds` until every rank in `ranks` has a next record; False on timeout."""
+        """Wait up to `seconds` until every rank in `ranks` has a next record; False on timeout.
+
+        What was read is acked first (every `publish_every` records a rank): a rank whose queue is full
+        may be waiting for it before it can post the record waited for here.
+        """
+        self.publish(self.publish_every)
         try:
             self.store.wait([self._next_key(r) for r in ranks], datetime.timedelta(seconds=seconds))
         except RuntimeError:  # DistStoreError on timeout (a RuntimeError subclass)

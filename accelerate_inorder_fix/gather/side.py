@@ -104,7 +104,7 @@ class GatherSide:
             # The clean-up thread's own connection; without one (no `Store.clone`), no thread.
             cleanup = connection.own_connection(timeout)
             self._outbox = queues.Outbox(
-                store, rank, background=cleanup is not None, cleanup_store=cleanup, wait_left=timeout
+                store, rank, background=cleanup is not None, cleanup_store=cleanup, timeout=timeout
             )
 
     def call(
@@ -195,9 +195,9 @@ class GatherSide:
         warn_once(
             ("gather", "behind", rank),
             f"in_order call at {_collector.describe(identity)}: rank {rank} holds {queues.BOUND} records in the "
-            "store that the main process has not read (it is that far behind) and has waited "
-            "ACCELERATE_INORDER_TIMEOUT in all for it to read them; this rank prints this record itself, out of "
-            "order, and so each later one while its queue stays full (said once)",
+            "store that the main process has not read (it is that far behind) and it read none within "
+            "ACCELERATE_INORDER_TIMEOUT; this rank prints this record itself, out of order, and so each later "
+            "one while its queue stays full, without waiting until the main process reads again (said once)",
         )
 
     def _shrink(self, identity: Identity, payload: bytes, document: list[Any]) -> bytes:
