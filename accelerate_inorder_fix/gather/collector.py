@@ -49,7 +49,6 @@ from .._callsite import Identity, Site
 from .._diagnostics import warn_every
 from ..store.connection import SHORTEST_WAIT
 from . import copies as _copies
-from . import queues as _queues
 from . import records as _records
 from .copies import BlockEntry
 from .queues import Taken
@@ -107,9 +106,7 @@ class Collector:
     """The main process's side of gather mode: one block per in_order call, in rank order.
 
     State (each bounded by the number of call sites and ranks, whatever the number of calls):
-    - `pending`: identity -> `Block`, records of calls the main process has not made yet (first seen first),
-      at most `queues.BOUND` a rank (`held`): a rank with that many kept is not read until some go out, so
-      the main process holds at most ranks x BOUND records whatever the ranks send;
+    - `pending`: identity -> `Block`, records of calls the main process has not made yet (first seen first);
     - `made`: site -> the main process's last call there (a record of a call it made already came late);
     - `kept_since`: site the main process never called from -> when a record for it was first kept;
     - `others_only`: sites kept from a whole timeout without the main process calling there: emitted as found;
@@ -128,7 +125,6 @@ class Collector:
         self.timeout = timeout
         self.warn = warn
         self.pending: dict[Identity, Block] = {}
-        self.held = [0] * world_size  # per rank: its records in `pending`; at `queues.BOUND` it is read no more
         self.made: dict[Site, int] = {}
         self.absent: dict[Site, set[int]] = {}
         self.quiet: dict[int, float] = {}
@@ -159,18 +155,9 @@ class Collector:
                     rank, identity, _copies.build(record)
                 )  # late: its block is out, so it goes alone, not into another
         else:
-            kept = self.pending.setdefault(identity, {})
-            self.held[rank] += rank not in kept
-            kept[rank] = record
+            self.pending.setdefault(identity, {})[rank] = record
             if identity[0] not in self.made:
                 self.kept_since.setdefault(identity[0], time.monotonic())
-
-    def _unkeep(self, identity: Identity) -> Block:
-        """Take the records kept for `identity` out of `pending`."""
-        kept = self.pending.pop(identity, {})
-        for rank in kept:
-            self.held[rank] -= 1
-        return kept
 
     def _hear(self, rank: int, site: Site) -> None:
         """A record of `rank` for `site` arrived: it is not quiet, nor absent there, any more."""
@@ -188,10 +175,7 @@ class Collector:
             until: take none after this `time.monotonic()`: a rank's backlog is left for later calls.
         """
         taken = 0
-        bound = INF if most is None else _queues.BOUND  # at exit all is read; else no more than a rank's bound kept
         while rank not in block and (most is None or taken < most) and time.monotonic() < until:
-            if self.held[rank] >= bound:
-                return
             if not self.source.ready(rank):
                 return
             self._route(rank, self.source.take(rank), current, block)
@@ -221,11 +205,11 @@ class Collector:
 
     def _waitable(self, block: Block, site: Site, start: float, now: float) -> list[int]:
         """The ranks whose record for this block is still to come and still waited for at `now`."""
-        absent, held, bound = self.absent.get(site, set()), self.held, _queues.BOUND
+        absent = self.absent.get(site, set())
         return [
             r
             for r in range(self.world_size)
-            if r not in block and r not in absent and held[r] < bound and self._until(r, start) - now >= SHORTEST_WAIT
+            if r not in block and r not in absent and self._until(r, start) - now >= SHORTEST_WAIT
         ]
 
     def _collect(self, identity: Identity, block: Block) -> None:
@@ -262,13 +246,13 @@ class Collector:
     def emit_call(self, identity: Identity, own: Optional[logging.LogRecord]) -> None:
         """The main process's own call `identity` (`own`: its record, or None): collect its block, emit it."""
         block: Block = {0: own}
-        block.update(self._unkeep(identity))
+        block.update(self.pending.pop(identity, {}))
         self._heard = set()
         try:
             self._collect(identity, block)
         except Exception as exc:  # the store went away: what was collected still goes out
             self.warn(f"in_order call at {describe(identity)}: could not read the other ranks' records ({exc!r})")
-        self._unkeep(identity)
+        self.pending.pop(identity, None)
         site, count = identity
         self.made[site] = max(count, self.made.get(site, 0))
         self._emit_block(block, identity)
@@ -294,7 +278,7 @@ class Collector:
                 kept = sorted(identity for identity in self.pending if identity[0] == site)
                 ranks = sorted({rank for identity in kept for rank in self.pending[identity]})
                 for identity in kept:
-                    self._emit_block(self._unkeep(identity), identity)
+                    self._emit_block(self.pending.pop(identity), identity)
                 if not ranks:
                     continue
                 self.warn(
@@ -366,7 +350,6 @@ class Collector:
             clear()
         leftovers = [(identity, block) for identity, block in self.pending.items() if block]
         self.pending.clear()
-        self.held = [0] * self.world_size
         for identity, block in leftovers:
             self._emit_block(block, identity)
         if leftovers:

@@ -13,7 +13,6 @@ import time
 
 import pytest
 from fake_store import FakeStore
-from test_collector import OTHER, SITE, Job
 
 from accelerate_inorder_fix import _diagnostics, bounds
 from accelerate_inorder_fix._origin import Origin
@@ -21,6 +20,7 @@ from accelerate_inorder_fix.gather import queues, records
 from accelerate_inorder_fix.gather.side import GatherSide
 
 
+SITE = ("train.py", "step", 7)
 RECORD_KEY = re.compile(r"^\d+/\d+$")
 
 
@@ -116,7 +116,7 @@ def test_a_full_queue_waits_at_most_T_in_all_then_its_rank_prints_its_records_sa
     assert [r.getMessage() for r in printed] == [f"step {c}" for c in range(queues.BOUND + 1, queues.BOUND + 11)]
     assert store.most == queues.BOUND
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "records in the store" in line]
-    assert f"in_order call at train.py:{SITE[2]} in step (call {queues.BOUND + 1} from there): rank 1 holds" in line
+    assert f"in_order call at train.py:7 in step (call {queues.BOUND + 1} from there): rank 1 holds" in line
     assert "prints this record itself" in line
 
 
@@ -222,22 +222,3 @@ def test_a_full_queue_whose_records_were_read_already_deletes_them_without_waiti
         assert outbox.post(*_payload(count))
     assert time.monotonic() - start < 5 and not store.waits_on_acks.is_set()
     assert store.most <= 8 and outbox.cleaned >= 92
-
-
-def test_the_main_process_keeps_at_most_the_bound_of_a_rank_for_calls_it_has_not_made():
-    """Rank 1 posts 200 records of calls the main process makes later, then its record of the main
-    process's current call: the main process keeps at most `BOUND` of them (it stops reading that rank,
-    which is named missing at once, not waited for), and every record still comes out exactly once."""
-    job = Job(2, timeout=5.0)
-    for count in range(1, 201):
-        job.post(1, OTHER, count)
-    job.post(1, SITE, 1)
-    assert job.call(1) < 1.0  # not waited for: its record is behind what the main process may keep
-    assert sum(1 in block for block in job.collector.pending.values()) == queues.BOUND
-    assert job.collector.held[1] == queues.BOUND
-    for count in range(1, 201):
-        job.call(count, site=OTHER)
-        assert job.collector.held[1] <= queues.BOUND
-    job.flush()
-    emitted = sorted((site, count) for _, site, count, rank in job.handler.seen if rank == 1)
-    assert emitted == sorted([(OTHER, c) for c in range(1, 201)] + [(SITE, 1)])
