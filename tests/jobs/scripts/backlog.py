@@ -12,7 +12,8 @@ Cases in sequence, each after a barrier:
 3. `BIG` records of 20 KB on every rank (`big#<n> r<rank> <20,000 x>`, printed cut: `... len=<n>`); the main
    process's keys as in 2 and its resident memory before and after (`@@RSS r0 before=<kB> after=<kB>`).
 4. Losses: a message whose `str` raises (`LOSS_CALLS` calls), `extra={"message": ...}`, and, on the main
-   process, a handler that raises on every record placed before the StreamHandler (`raising#<k>`).
+   process, a handler that raises on every record placed before the StreamHandler (`raising#<k>`); then
+   that handler is gone (`last r<rank>`).
 At exit (a handler registered before the first in_order call, so it runs after the package's own) every
 rank sets `aif-test/exit/<rank>`; the main process waits for all, deletes them and reports
 `@@KEYS after=<n>`: the store's keys less the count before the first in_order call.
@@ -155,6 +156,7 @@ def main():
         base.handlers.insert(0, Raising())
     for k in range(1, LOSS_CALLS + 1):
         log.info(f"raising#{k} r{index}", in_order=True)
+    base.handlers = [handler]
     log.info(f"last r{index}", in_order=True)
 
     value = torch.tensor([float(index + 1)])
