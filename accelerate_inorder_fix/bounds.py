@@ -36,7 +36,13 @@ LATE_AFTER_VERDICT = Bound(0.0, "T", "a rank that comes to a call after its verd
 DECIDED = Bound(0.0, "T", "once a call's verdict is a skip, no rank waits in it any more")
 KEYS_PER_SITE = Bound(2.0, "keys", "store keys per site used: 2N + 1 (counter, two verdicts, 2(N-1) handoff keys)")
 KEYS_PER_RANK = Bound(1.0, "keys", "store keys per rank: its one marker (`w/<r>`)")
-GATHER_POST = Bound(0.0, "T", "gather mode: a non-main rank's post never waits")
+GATHER_POST = Bound(
+    0.0, "T", "gather mode: a non-main rank's post waits 0 while it holds fewer than GATHER_QUEUE records in the store"
+)
+GATHER_QUEUE = Bound(
+    64.0, "keys", "gather mode: records a rank holds in the store, read or not; past them its post waits"
+)
+GATHER_FULL = Bound(1.0, "T", "gather mode: a rank's posts wait at most T in all for the main process to read")
 GATHER_MAIN_ONLY = Bound(1.0, "T", "gather mode: a main-only call costs the main process one timeout per site, in all")
 GATHER_DEATH = Bound(1.25, "T", "gather mode: a dead rank costs the main process at most 1.25 T in all")
 EXIT_ABORTS = Bound(1.0, "aborts", "at exit, each mode aborts at most once more than upstream in the same runs")
@@ -52,6 +58,8 @@ ALL: dict[str, Bound] = {
     "keys_per_site": KEYS_PER_SITE,
     "keys_per_rank": KEYS_PER_RANK,
     "gather_post": GATHER_POST,
+    "gather_queue": GATHER_QUEUE,
+    "gather_full": GATHER_FULL,
     "gather_main_only": GATHER_MAIN_ONLY,
     "gather_death": GATHER_DEATH,
     "exit_aborts": EXIT_ABORTS,

@@ -246,8 +246,8 @@ def _poster(conn: Connection, port: int, threads: int) -> None:
 def _burst(posts_connection: Store, cleanup_connection: Store, number: int, tag: str) -> dict[str, float]:
     """Rank 1 posting `number` records back to back, its clean-up deleting each: us per post.
 
-    As when a rank logs several in_order records in a row and the main process keeps up (its read marks
-    say every record was read). Deleting costs a round trip per record: on the posts' own connection
+    As when a rank logs several in_order records in a row and the main process keeps up (its ack says
+    every record was read). Deleting costs a round trip per record: on the posts' own connection
     each delete holds up the next post, on another connection it runs beside them.
     """
     from torch._C._distributed_c10d import PrefixStore
@@ -256,7 +256,7 @@ def _burst(posts_connection: Store, cleanup_connection: Store, number: int, tag:
     store = PrefixStore(prefix, posts_connection)
     marks = queues.StoreInbox(store, 2)
     marks.cursor[1] = 2**62
-    marks.publish()  # the main process's read marks: it has read all of rank 1's records
+    marks.publish()  # the main process's ack: it has read all of rank 1's records
     cleanup_store = PrefixStore(prefix, cleanup_connection)
     outbox = queues.Outbox(store, 1, cleanup_store=cleanup_store)
     timings: list[float] = []

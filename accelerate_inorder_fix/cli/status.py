@@ -131,7 +131,8 @@ MODE_MEANS = {
     ),
     "gather": (
         "each rank's record goes through the job's c10d store to the main process, which prints every "
-        "call's records in rank order; a post never waits, and a call only the main process makes costs it "
+        "call's records in rank order; a post waits only when its rank holds "
+        f"{bounds.GATHER_QUEUE.value:g} records in the store, and a call only the main process makes costs it "
         f"{bounds.GATHER_MAIN_ONLY.value:g} timeout per site in all (bounds: docs/promises.md); without a c10d "
         "store, barrier mode"
     ),

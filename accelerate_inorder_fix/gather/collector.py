@@ -373,6 +373,9 @@ class Collector:
             self._take_what_arrived(rank, None, {})
             for item in self.source.seal(rank):
                 self._route(rank, item, None, {})
+        clear = getattr(self.source, "clear", None)  # a source in the store: its shared keys go too
+        if clear is not None:
+            clear()
         leftovers = [(identity, block) for identity, block in self.pending.items() if block]
         self.pending.clear()
         for identity, block in leftovers:

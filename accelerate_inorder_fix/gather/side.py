@@ -94,7 +94,9 @@ class GatherSide:
         else:
             # The clean-up thread's own connection; without one (no `Store.clone`), no thread.
             cleanup = connection.own_connection(timeout)
-            self._outbox = queues.Outbox(store, rank, background=cleanup is not None, cleanup_store=cleanup)
+            self._outbox = queues.Outbox(
+                store, rank, background=cleanup is not None, cleanup_store=cleanup, timeout=timeout
+            )
 
     def call(self, call: InOrderCall) -> None:
         """One in_order call of this process: its record collected with the others' (main), or posted."""
@@ -134,6 +136,10 @@ class GatherSide:
                 payload, document = records.encode(identity, record)
                 if len(payload) > records.MAX_PAYLOAD:
                     payload = self._shrink(identity, payload, document)
+                if self._outbox.full and not self._outbox.make_room():
+                    self._behind(identity)
+                    self._print_here(record)
+                    return
                 if self._send(self._outbox, payload, document):
                     return
                 _warn("the main process has finished; this rank prints its own in_order records from now on")
@@ -165,6 +171,17 @@ class GatherSide:
                 raise exc from None  # the post's own error says why the record is printed here
             _warn(f"gather mode's store connection failed during a post ({exc!r}); a fresh connection settled it")
             return delivered
+
+    def _behind(self, identity: Identity) -> None:
+        """Say, once, that this rank's queue is full and its wait for the main process ran out."""
+        rank = self._origin.rank
+        warn_once(
+            ("gather", "behind", rank),
+            f"in_order call at {_collector.describe(identity)}: rank {rank} holds {queues.BOUND} records in the "
+            "store that the main process has not read (it is that far behind) and it read none within "
+            "ACCELERATE_INORDER_TIMEOUT; this rank prints this record itself, out of order, and so each later "
+            "one while its queue stays full, without waiting until the main process reads again (said once)",
+        )
 
     def _shrink(self, identity: Identity, payload: bytes, document: list[Any]) -> bytes:
         """A record too large for the store, cut to fit (`records.shrink`); a warning for each (rate-limited).
@@ -200,4 +217,10 @@ class GatherSide:
                 self._collector.flush()
             except Exception as exc:  # the store is gone at exit: nothing more can be delivered
                 _warn(f"gather mode could not flush records at exit: {exc!r}")
+        if self._outbox is not None:
+            try:
+                self._outbox.finish()  # the queue's last keys, deleted by whichever side is last
+            except Exception as exc:  # the store is gone at exit: its keys went with it
+                if not self._main_gone:  # else said already: this rank could not reach it
+                    _warn(f"gather mode could not close this rank's queue in the store at exit: {exc!r}")
         self._outbox = self._collector = None

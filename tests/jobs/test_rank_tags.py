@@ -24,8 +24,8 @@ def _env(version, mode="gather"):
 @pytest.mark.parametrize("version", ["0.21.0", "1.12.0", "1.15.0"])
 def test_every_gather_line_names_its_rank_exactly_once_and_collapsed_lines_name_every_rank(version):
     """4 ranks log the same message: four lines, each naming its own rank, once. Then, collapse on
-   : identical records print once, tagged with every rank that sent them, the same tag on
-    every release (1.13+ tags a message itself; before, the tag is ours), and carry `ranks`."""
+    : identical records print once, tagged with every rank that sent them, the same tag on
+     every release (1.13+ tags a message itself; before, the tag is ours), and carry `ranks`."""
     cmd = _launch.launch_command([SCRIPT, "%(ranks)s|%(message)s", "--collapse"], 4)
     job = _launch.run(cmd, env=_env(version), timeout=120, stall=30)
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
