@@ -47,23 +47,7 @@ GATHER_MAIN_ONLY = Bound(1.0, "T", "gather mode: a main-only call costs the main
 GATHER_DEATH = Bound(1.25, "T", "gather mode: a dead rank costs the main process at most 1.25 T in all")
 EXIT_ABORTS = Bound(1.0, "aborts", "at exit, each mode aborts at most once more than upstream in the same runs")
 
-ALL: dict[str, Bound] = {
-    "check_in": CHECK_IN,
-    "call": CALL,
-    "death": DEATH,
-    "divergence": DIVERGENCE,
-    "main_only": MAIN_ONLY,
-    "late_after_verdict": LATE_AFTER_VERDICT,
-    "decided": DECIDED,
-    "keys_per_site": KEYS_PER_SITE,
-    "keys_per_rank": KEYS_PER_RANK,
-    "gather_post": GATHER_POST,
-    "gather_queue": GATHER_QUEUE,
-    "gather_full": GATHER_FULL,
-    "gather_main_only": GATHER_MAIN_ONLY,
-    "gather_death": GATHER_DEATH,
-    "exit_aborts": EXIT_ABORTS,
-}
+ALL: dict[str, Bound] = {name.lower(): value for name, value in list(globals().items()) if isinstance(value, Bound)}
 
 
 def keys_per_site(world_size: int) -> int:

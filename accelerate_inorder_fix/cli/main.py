@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import __version__
 from .. import config as _config
@@ -39,25 +39,23 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-def _nproc(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of ranks, not {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be at least 2 (in_order only matters with several ranks), not {value}")
-    return value
+def _whole_number(what: str, least: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number of `what`, at least `least` (`why` says why, when it is not 1)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number of {what}, not {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}{why}, not {value}")
+        return value
+
+    return parse
 
 
-def _jobs(text: str) -> int:
-    """`--jobs`: a whole number of jobs at once, at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of jobs, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+_nproc = _whole_number("ranks", 2, " (in_order only matters with several ranks)")
+_jobs = _whole_number("jobs", 1)  # `--jobs`: jobs at once
 
 
 def _seconds(text: str) -> float:
