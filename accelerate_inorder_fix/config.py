@@ -232,7 +232,7 @@ def speaks_for_host() -> bool:
 def _say_bad_setting(name: str, raw: str, text: str) -> None:
     """A bad value, said once per process and variable, by the host's local main process only."""
     if speaks_for_host():
-        warn_once(("setting", name, raw), text)
+        warn_once(text, key=("setting", name, raw))
 
 
 def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> None:

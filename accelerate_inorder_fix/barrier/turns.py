@@ -57,7 +57,7 @@ class Record:
                 adapter.logger.addFilter(stamping)
             adapter.logger.log(self.level, msg, *self.args, **kwargs)
         except Exception as exc:  # a filter or handler that raises must not skip the barrier after it
-            warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+            warn_once(f"a log record could not be emitted: {exc!r}", key=("emit", type(exc)))
         finally:
             if stamping is not None:
                 adapter.logger.removeFilter(stamping)
@@ -68,7 +68,7 @@ def _barrier(state: Any) -> bool:
     try:
         state.wait_for_everyone()
     except Exception as exc:
-        warn_once(("barrier", type(exc)), f"in_order synchronisation failed, logging unordered: {exc!r}")
+        warn_once(f"in_order synchronisation failed, logging unordered: {exc!r}", key=("barrier", type(exc)))
         return False
     return True
 
