@@ -164,7 +164,7 @@ def _write(text: str) -> bool:
     try:
         stream.write(PREFIX + text + "\n")
         stream.flush()
-    except (OSError, ValueError):  # stderr closed under us: the warning is lost, the call is not
+    except Exception:  # stderr closed or replaced by something that raises: the warning is lost, the call is not
         return False
     return True
 

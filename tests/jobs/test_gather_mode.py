@@ -95,7 +95,7 @@ def test_subset_call_in_barrier_mode_costs_one_timeout_and_is_named():
     assert sorted(r for r in records if r[0] == 1) == [(1, 0), (1, 1), (1, 2)]  # each once, unordered
     assert [r for r in records if r[0] == 2] == [(2, 0), (2, 1), (2, 2), (2, 3)]
     named = [line for line in job.stderr.splitlines() if "did not make it" in line]
-    assert len(named) == 1 and "rank(s) 3 did not make it" in named[0], job.stderr[-2000:]
+    assert len(named) == 1 and "rank 3 did not make it" in named[0], job.stderr[-2000:]
 
 
 def test_rank_that_exits_early():
