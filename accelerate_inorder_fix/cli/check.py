@@ -99,7 +99,7 @@ def judge(name: str, nproc: int, job: Job) -> Outcome:
 
 # The package's warning about the `partial` call (gather mode: "... scenarios.py:173 in partial (call 1 ...";
 # barrier mode's check-in: "... scenarios.py:173 in partial: ...").
-_PARTIAL_WARNING = re.compile(r"accelerate-inorder-fix: in_order call at \S+ in partial[ :]")
+_PARTIAL_WARNING = re.compile(r"accelerate-inorder-fix: in_order call at .* in partial(?: \(call \d+ from there\))?: ")
 
 
 def partial_word(job: Job) -> str:
