@@ -7,7 +7,8 @@ that every rank enters, whatever it will print: records come out in rank order a
     import accelerate_inorder_fix  # that's all
 
 `ACCELERATE_INORDER_FIX=0` turns the automatic patch off; `patch()`, `unpatch()` and `is_patched()`
-control it explicitly; `configure(mode=..., timeout=...)` picks the in_order mode.
+control it explicitly; `configure(mode=..., timeout=..., collapse=...)` picks the in_order mode,
+its timeout, and whether gather mode prints identical records once.
 
 Layers, each importing only those below it (import-linter checks them): `cli/` (the command line) ->
 `hook_status` -> `_patcher` -> `_wrapper` (the patched log) -> `session` (the mode, call counts) ->

@@ -5,14 +5,39 @@ format whichever mode runs. Gather mode also shows them in the message, since th
 prints every rank's record (`tag`): the `[RANK n] ` tag accelerate 1.13+ gives in `process()`, added
 where upstream did not, led by `[host] ` on a job over several hosts. Barrier mode's messages are
 upstream's: each rank prints its own.
+
+With collapse on (`config`), one gather-mode line may stand for several ranks: `span_tag` writes its
+tag the same way, `[RANK 0-3,6] `, on every release (before 1.13 the single-rank tag is ours too).
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import threading
+from collections.abc import Sequence
 from typing import Any, NamedTuple
+
+
+RANK_TAG = "[RANK {}] "  # the tag accelerate 1.13+ puts before a message, for one rank or a span of ranks
+
+
+def rank_spans(ranks: Sequence[int]) -> str:
+    """`ranks` (ascending, distinct) as runs: `0-7`, `1,3,5,7`, `0-3,6`; a run of two is `4-5`."""
+    runs: list[str] = []
+    start = previous = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        runs.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return ",".join(runs)
+
+
+def span_tag(ranks: Sequence[int]) -> str:
+    """The tag of a line that stands for every rank in `ranks`: `[RANK 0-3,6] `."""
+    return RANK_TAG.format(rank_spans(ranks))
 
 
 class Origin(NamedTuple):
@@ -29,7 +54,7 @@ class Origin(NamedTuple):
 
     def tag(self, msg: Any) -> Any:
         """`msg` as gather mode prints it: `[RANK n] msg` (not tagged twice), led by `[host] ` if several."""
-        rank_tag = f"[RANK {self.rank}] "
+        rank_tag = RANK_TAG.format(self.rank)
         tagged = msg if isinstance(msg, str) and msg.startswith(rank_tag) else f"{rank_tag}{msg}"
         return f"[{self.hostname}] {tagged}" if self.several_hosts else tagged
 
@@ -37,20 +62,3 @@ class Origin(NamedTuple):
         """Set the record's `rank` and `hostname` (the package's: a user's `extra` of these names is replaced)."""
         record.rank = self.rank
         record.hostname = self.hostname
-
-
-class Stamping:
-    """A logger filter that stamps this thread's records with `origin`, and lets every record through.
-
-    Appended last, for the duration of one call: the logger's own filters see the record as before,
-    its handlers see the attributes; other threads' records pass untouched.
-    """
-
-    def __init__(self, origin: Origin) -> None:
-        self.origin = origin
-        self.thread = threading.get_ident()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if threading.get_ident() == self.thread:
-            self.origin.stamp(record)
-        return True

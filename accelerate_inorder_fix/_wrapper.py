@@ -8,11 +8,13 @@ emits its record in its turn.
 
 - `in_order=False`: upstream's own behaviour, restated for the known bodies (no extra frame).
 - `in_order=True`: a collective call on every rank; `main_process_only` is ignored (as in 1.13+).
-  The session (`session.SESSION`) holds the mode every rank agreed on and the per-process call lock.
-  Barrier mode (`barrier.turns.barrier_call`) checks the call in through the job's store, then, when
-  every rank has made it, takes turns between upstream's `wait_for_everyone()`; when some rank has
-  not within the timeout, nobody enters a barrier and each rank emits at once. Gather mode
-  (`session.gather_call`) sends the record to the main process, which prints every rank's.
+  The wrapper makes the call one `_call.InOrderCall` (its site, what was logged, this rank's origin,
+  the timeout) and hands it to the session (`session.SESSION`), which holds the mode every rank agreed
+  on and the per-process call lock, numbers the call, and gives it to that mode's side. Barrier mode
+  (`barrier.side.BarrierSide.call`) checks the call in through the job's store; when every rank has
+  made it, the ranks take turns handed over through the store (no collective); when some rank has not
+  within the timeout, each rank emits at once. Gather mode (`gather.side.GatherSide.call`) sends the
+  record to the main process, which prints every rank's.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from . import _callsite
+from ._call import InOrderCall, LogArgs
 from ._upstream import UpstreamBody
-from .barrier.turns import Record, barrier_call
+from .barrier.turns import EmitOnce
 from .config import SETTINGS, Settings
 from .session import SESSION, InOrderSession
 
@@ -65,21 +68,18 @@ def make_log_wrapper(
         level, msg, *rest = args
         kwargs.pop("in_order")
         kwargs.pop("main_process_only", None)
-        # As if this wrapper called `Logger.log`: `Record` and the gather side count their own frames.
+        # As if this wrapper called `Logger.log`: both modes count their own frames (`_call.log_for_this_call`).
         kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
+        log = LogArgs(instance, level, msg, tuple(rest), kwargs)
         state = PartialState()
         if state.num_processes <= 1:
-            Record(instance, level, msg, tuple(rest), kwargs, session.origin(state))()
+            EmitOnce(log, session.origin(state)).emit()
             return None
-        # One in_order call at a time per process: each call's N barriers pair up across ranks even
-        # when several threads log, and a gather call's record and count stay together.
-        with session.lock:
-            site = _callsite.call_site(body)
-            if session.mode(state, settings) == "gather":
-                session.gather_call(state, settings, site, instance, level, msg, tuple(rest), kwargs)
-            else:
-                record = Record(instance, level, msg, tuple(rest), kwargs, session.origin(state))
-                barrier_call(state, lambda: session.check_in(state, settings, site, record), record)
+        # One in_order call at a time per process (`session.lock`, held by `InOrderSession.call`): each
+        # call's turns pair up across ranks even when several threads log, and a gather call's record and
+        # number stay together.
+        call = InOrderCall(_callsite.call_site(body), log, session.origin(state), settings.timeout())
+        session.call(state, settings, call)
         return None
 
     return patched_log

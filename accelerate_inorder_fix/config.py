@@ -12,6 +12,10 @@ Users set:
   rank's record in gather mode, a rank's check-in in barrier mode, and a rank's wait for the main
   process's mode at its first in_order call: T, the unit of every bound in `bounds.py` (docs/promises.md
   shows them). `inf` is refused: every wait has a bound.
+- `ACCELERATE_INORDER_COLLAPSE`: `1`/`on`/`true`/`yes` (any case) turns collapse on: in gather mode,
+  identical records of one call from several ranks print once, tagged with every rank that sent them
+  (`gather.collapse`); `0`/`off`/`false`/`no` or unset: off (the default). Barrier mode ignores it and
+  says so once.
 
 A bad value never passes silently: it is said once per host, on stderr, by the host's local main
 process (`speaks_for_host`): which variable, which value, and what is used instead. Every process
@@ -40,6 +44,7 @@ from ._diagnostics import warn_once
 
 
 __all__ = [
+    "COLLAPSE_ENV",
     "DEFAULT_MODE",
     "DEFAULT_TIMEOUT",
     "MODES",
@@ -54,6 +59,7 @@ __all__ = [
     "setting_problems",
     "spans_hosts",
     "speaks_for_host",
+    "parse_collapse",
     "parse_mode",
     "parse_timeout",
     "switch",
@@ -61,6 +67,7 @@ __all__ = [
 
 MODE_ENV = "ACCELERATE_INORDER_MODE"
 TIMEOUT_ENV = "ACCELERATE_INORDER_TIMEOUT"
+COLLAPSE_ENV = "ACCELERATE_INORDER_COLLAPSE"
 # Internal: the tools mark every process of a job they start, and tell scenario ranks what to do.
 JOB_MARKER_ENV = "AIF_JOB_ID"
 CHECK_MARKER_ENV = "AIF_CHECK_ID"
@@ -90,6 +97,28 @@ def parse_mode(value: object) -> str:
     return word
 
 
+COLLAPSE_WORDS = {
+    "1": True,
+    "on": True,
+    "true": True,
+    "yes": True,
+    "0": False,
+    "off": False,
+    "false": False,
+    "no": False,
+}
+
+
+def parse_collapse(value: object) -> bool:
+    """`value` as collapse on or off: a bool, or one of `COLLAPSE_WORDS` (any case, spaces ignored); else ValueError."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower() if isinstance(value, (str, int)) else None
+    if word not in COLLAPSE_WORDS:
+        raise ValueError(f"collapse must be on or off (True/False, 1/0, on/off, true/false, yes/no), not {value!r}")
+    return COLLAPSE_WORDS[word]
+
+
 def parse_timeout(value: object) -> float:
     """`value` as a finite number of seconds > 0, or ValueError.
 
@@ -105,7 +134,7 @@ def parse_timeout(value: object) -> float:
 
 
 class Settings:
-    """The mode and timeout in effect: `configure()` overrides, else the environment, else defaults.
+    """The mode, timeout and collapse in effect: `configure()` overrides, else the environment, else defaults.
 
     The environment is read at every use (cheap, and a launcher may set it late); a bad value is
     reported once per process and variable, and the default is used.
@@ -115,6 +144,7 @@ class Settings:
         self._lock = threading.Lock()
         self._mode: Optional[str] = None
         self._timeout: Optional[float] = None
+        self._collapse: Optional[bool] = None
         self._mode_generation = 0
 
     @property
@@ -140,15 +170,23 @@ class Settings:
         """Seconds any in_order wait may last, in both modes (the mode agreement, the check-in, the collection)."""
         return self._timeout or self._from_env(TIMEOUT_ENV, parse_timeout, DEFAULT_TIMEOUT)
 
+    def collapse(self) -> bool:
+        """Whether gather mode prints a call's identical records once, tagged with their ranks."""
+        collapse = self._collapse
+        return self._from_env(COLLAPSE_ENV, parse_collapse, False) if collapse is None else collapse
+
     def _source(self, override: object, name: str, parse: Callable[[str], Any]) -> str:
         """Where a setting comes from: 'configure()', the variable's name, or 'default'."""
-        if override:
+        if override is not None:
             return "configure()"
         raw = os.environ.get(name, "")
+        if not raw.strip():
+            return "default"
         try:
-            return name if raw.strip() and parse(raw) else "default"
+            parse(raw)
         except ValueError:
             return "default"
+        return name
 
     def mode_source(self) -> str:
         return self._source(self._mode, MODE_ENV, parse_mode)
@@ -156,11 +194,19 @@ class Settings:
     def timeout_source(self) -> str:
         return self._source(self._timeout, TIMEOUT_ENV, parse_timeout)
 
-    def configure(self, mode: Optional[str] = None, timeout: Optional[float] = None) -> None:
-        """Validate both values first, then apply them together (a bad call changes nothing)."""
+    def collapse_source(self) -> str:
+        return self._source(self._collapse, COLLAPSE_ENV, parse_collapse)
+
+    def configure(
+        self, mode: Optional[str] = None, timeout: Optional[float] = None, collapse: Optional[bool] = None
+    ) -> None:
+        """Validate every value first, then apply them together (a bad call changes nothing)."""
         new_mode = parse_mode(mode) if mode is not None else None
         new_timeout = parse_timeout(timeout) if timeout is not None else None
+        new_collapse = parse_collapse(collapse) if collapse is not None else None
         with self._lock:
+            if new_collapse is not None:
+                self._collapse = new_collapse
             if new_mode is not None:
                 self._mode = new_mode
                 self._mode_generation += 1
@@ -170,7 +216,7 @@ class Settings:
     def reset(self) -> None:
         """Forget `configure()` overrides (tests)."""
         with self._lock:
-            self._mode = self._timeout = None
+            self._mode = self._timeout = self._collapse = None
 
 
 SETTINGS = Settings()
@@ -209,7 +255,7 @@ def _switch_problems() -> list[tuple[str, str, str]]:
 def setting_problems() -> list[tuple[str, str, str]]:
     """Every variable of the package set to a value that means nothing: `(name, value, what is wrong)`."""
     problems = []
-    for name, parse in ((MODE_ENV, parse_mode), (TIMEOUT_ENV, parse_timeout)):
+    for name, parse in ((MODE_ENV, parse_mode), (TIMEOUT_ENV, parse_timeout), (COLLAPSE_ENV, parse_collapse)):
         raw = os.environ.get(name)
         if raw is not None and raw.strip():
             try:
@@ -235,8 +281,18 @@ def _say_bad_setting(name: str, raw: str, text: str) -> None:
         warn_once(text, key=("setting", name, raw))
 
 
-def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> None:
-    """Override the in_order mode and/or the timeout for this process.
+def note_collapse_in_barrier_mode() -> None:
+    """Barrier mode: if collapse is on (`SETTINGS`), say once (per host) that it applies to gather mode only."""
+    if SETTINGS.collapse() and speaks_for_host():
+        warn_once(
+            f"collapse ({COLLAPSE_ENV} or configure(collapse=True)) applies to gather mode only; "
+            "in barrier mode each rank prints its own records",
+            key=("collapse", "barrier"),
+        )
+
+
+def configure(mode: Optional[str] = None, timeout: Optional[float] = None, collapse: Optional[bool] = None) -> None:
+    """Override the in_order mode, the timeout and/or collapse for this process.
 
     Args:
         mode (`str`, *optional*): `"barrier"` or `"gather"` (any case). Call it with the same value on
@@ -248,7 +304,11 @@ def configure(mode: Optional[str] = None, timeout: Optional[float] = None) -> No
             process's wait for a rank's record in gather mode, a rank's wait for the others at a
             barrier-mode check-in (a whole call waits at most `bounds.CALL`, 1.5 T); a finite number
             greater than 0.
+        collapse (`bool`, *optional*): in gather mode, print a call's identical records (same logger,
+            level and message text) from several ranks once, at the first one's place, tagged with
+            every rank that sent it (`[RANK 0-3,6] `); records that differ print per rank. Read by the
+            main process where it prints; barrier mode ignores it (and says so once).
 
     `None` leaves a setting as it is. Raises `ValueError` on a bad value, and then changes nothing.
     """
-    SETTINGS.configure(mode=mode, timeout=timeout)
+    SETTINGS.configure(mode=mode, timeout=timeout, collapse=collapse)

@@ -1,6 +1,11 @@
 """This process's in_order state: the mode the job agreed on, call counts, and the side of that mode.
 
-Mode agreement. Ranks that disagree on the mode cannot work together (barriers on some ranks, store
+One call: the wrapper makes it (`_call.InOrderCall`) and hands it to `InOrderSession.call`, which only
+chooses: the mode every rank agreed on (`mode`), the call's number at its site in that mode, and the
+side that takes it (`side`): `barrier.side.BarrierSide.call` or `gather.side.GatherSide.call`, or, for
+a process that cannot check in, plain barriers or an emit at once (`barrier.turns`).
+
+Mode agreement. Ranks that disagree on the mode cannot work together (check-ins and turns on some ranks, store
 posts on others). So at its first in_order call every rank takes the main process's mode, through the
 job's c10d store: the main process writes its word, every other rank reads it. A rank whose own setting
 differs says so in one line. A later `configure(mode=...)`, or a change of `ACCELERATE_INORDER_MODE`, is
@@ -10,15 +15,16 @@ switches at the same call. A rank that switched alone (the main process did not 
 timeout) keeps the job's mode and says so once: no record is sent where nobody collects it.
 
 Waits. An agreement (or switch) wait and the check-in after it share one deadline, T after the call
-began: a call some rank skips costs T there, not 2 T, even the first one (the divergence, all sites of
+began (`InOrderCall.deadline`): a call some rank skips costs T there, not 2 T, even the first one (the divergence, all sites of
 its step together, at most `bounds.DIVERGENCE`, 1.5 T).
 
 Each mode has its side, opened at its first call on the same store connection: `barrier.BarrierSide`
-(the check-in) and `gather.GatherSide` (posts or collection). A call's identity, its site and how many
-times this process has called from there, is counted here, for both.
+(the check-in and the turns) and `gather.GatherSide` (posts or collection). A call's identity, its site
+and how many times this process has called from there in its mode, is counted here, once, for both:
+each mode numbers its own calls (the check-in's keys and gather's blocks each count from 1).
 
 Threads: the in_order calls of one process take turns (`lock`), in both modes, so one call's N
-barriers, or its capture and post, never interleave with another thread's.
+turns, or its capture and post, never interleave with another thread's.
 
 Jobs with no c10d store (a backend torch.distributed does not run) skip the agreement and the
 check-in (plain barriers, as upstream), and a gather setting falls back to barrier mode with one
@@ -37,17 +43,31 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Protocol
 
+from ._call import InOrderCall
 from ._callsite import Site
 from ._diagnostics import CallWarning, warn_once
 from ._origin import Origin
-from .barrier.handoff import Handoff
 from .barrier.side import BarrierSide
-from .config import MODE_ENV, SETTINGS, Settings, spans_hosts
+from .barrier.turns import AT_ONCE, PlainBarriers
+from .config import MODE_ENV, SETTINGS, Settings, note_collapse_in_barrier_mode, spans_hosts
 from .gather.side import GatherSide, print_in_child
 from .store import connection, mode, teardown
 from .store.connection import Store
+
+
+class Side(Protocol):
+    """What takes one in_order call in the mode chosen for it (`BarrierSide`, `GatherSide`, ...)."""
+
+    def call(self, call: InOrderCall) -> None: ...
+
+
+class _InChild:
+    """A forked child's gather-mode call: printed in the child (`gather.side.print_in_child`)."""
+
+    def call(self, call: InOrderCall) -> None:
+        print_in_child(call)
 
 
 class InOrderSession:
@@ -67,10 +87,10 @@ class InOrderSession:
         # (this process's setting then, its configure() generation then, the mode in use)
         self._agreement: Optional[tuple[str, int, str]] = None
         self._switches = 0  # mode switches since the agreement: the main process's word for each (`mode`)
-        self._deadline: Optional[float] = None  # this call's, when its agreement waited: the check-in's too
+        self._deadline: Optional[float] = None  # the current call's, when its agreement waited (`mode`)
         self._store: Optional[Store] = None
         self._store_reason: Optional[str] = "no in_order call yet"
-        self._counts: collections.Counter[Site] = collections.Counter()
+        self._counts: collections.Counter[tuple[str, Site]] = collections.Counter()  # (mode, site): calls there
         self._barrier: Optional[BarrierSide] = None
         self._gather: Optional[GatherSide] = None
         self._gather_tried = False  # a gather side is opened once; without a store, never
@@ -84,15 +104,65 @@ class InOrderSession:
 
     # -- which mode -------------------------------------------------------------------------
 
-    def mode(self, state: Any, settings: Settings) -> str:
+    # -- one call -----------------------------------------------------------------------------
+
+    def call(self, state: Any, settings: Settings, call: InOrderCall) -> None:
+        """One in_order call of this process (a rank of a job of several): taken by its mode's side."""
+        with self.lock:
+            self.side(state, settings, call).call(call)
+
+    def side(self, state: Any, settings: Settings, call: InOrderCall) -> Side:
+        """What takes `call`: the side of the mode every rank agreed on, with the call numbered at its site in
+        that mode and its deadline set (when its agreement waited); or, for a process that cannot check in,
+        what logs it without a store: plain barriers (no store), at once (a forked child, or after `close`).
+        """
+        with self.lock:
+            agreed = self.mode(state, settings, call)
+            if self._child:  # not a rank: the store connection is its parent's
+                if agreed == "gather":
+                    return _InChild()
+                warn_once("a forked process logs its in_order records at once, without barriers (it is not a rank)")
+                return AT_ONCE
+            call.count = self._count(agreed, call.site)
+            if agreed == "gather" and self._gather is not None:  # `mode` says gather only with a side
+                return self._gather
+            note_collapse_in_barrier_mode()
+            if self._closed:
+                warn_once("in_order calls after this process's exit began are logged at once, without barriers")
+                return AT_ONCE
+            if self._store is None:
+                return PlainBarriers(state)
+            if self._barrier is None:
+                self._barrier = BarrierSide(self._store, state.process_index, state.num_processes, self._reconnect)
+            return self._barrier
+
+    def _count(self, agreed: str, site: Site) -> int:
+        """This process's number for its next call at `site` in mode `agreed`: with the site, the call's identity.
+        Each mode numbers its own calls: a mode switch starts the other mode's count where it left it."""
+        self._counts[(agreed, site)] += 1
+        return int(self._counts[(agreed, site)])
+
+    # -- which mode -------------------------------------------------------------------------
+
+    def mode(self, state: Any, settings: Settings, call: Optional[InOrderCall] = None) -> str:
         """'barrier' or 'gather': the mode of this in_order call, the same on every rank.
 
-        Called with `lock` held (the wrapper holds it for the whole call).
+        Args:
+            call (`InOrderCall`, *optional*): the call; when its agreement (or switch) waited, its
+                `deadline`, which its check-in keeps.
         """
+        with self.lock:
+            self._deadline = None
+            agreed = self._agreed_mode(state, settings)
+            if call is not None:
+                call.deadline = self._deadline
+            return agreed
+
+    def _agreed_mode(self, state: Any, settings: Settings) -> str:
         own = settings.mode()
-        if self._child:  # not a rank: its parent's mode, if agreed (`gather_call` and `check_in` log at once)
+        if self._child:  # not a rank: its parent's mode, if agreed (`side`: logged without the store)
             return own if self._agreement is None else self._agreement[2]
-        if self._closed:  # at exit: nothing to agree through (`check_in` logs at once)
+        if self._closed:  # at exit: nothing to agree through (`side`: logged at once)
             return "barrier"
         agreement = self._agreement
         if agreement is None:
@@ -232,11 +302,6 @@ class InOrderSession:
 
     # -- what both modes share --------------------------------------------------------------
 
-    def count(self, site: Site) -> int:
-        """This process's number for its next call at `site`: with the site, the call's identity in both modes."""
-        self._counts[site] += 1
-        return int(self._counts[site])
-
     def forked(self) -> bool:
         """True in a forked child of a rank (forked before its first in_order call or after): it is not a rank."""
         return self._child
@@ -271,31 +336,6 @@ class InOrderSession:
             origin = self._origin = Origin.of(state.process_index, spans_hosts())
         return origin
 
-    # -- barrier mode -----------------------------------------------------------------------
-
-    def check_in(self, state: Any, settings: Settings, site: Site, record: Callable[[], None]) -> Union[str, Handoff]:
-        """Barrier mode: how this call's turns go.
-
-        A `Handoff`: every rank checked in, the turns pass through the store (`barrier.handoff`);
-        `"skip"`: some rank did not, nobody waits; `"plain"`: no store to check in through (plain
-        barriers, as upstream). A forked process is not a rank: `"skip"`, with one line; nor is a
-        process whose session closed (at exit). When this call's mode agreement waited, the check-in
-        ends by the same deadline.
-        """
-        with self.lock:
-            deadline, self._deadline = self._deadline, None
-            if self._child:
-                warn_once("a forked process logs its in_order records at once, without barriers (it is not a rank)")
-                return "skip"
-            if self._closed:
-                warn_once("in_order calls after this process's exit began are logged at once, without barriers")
-                return "skip"
-            if self._store is None:
-                return "plain"
-            if self._barrier is None:
-                self._barrier = BarrierSide(self._store, state.process_index, state.num_processes, self._reconnect)
-            return self._barrier.check_in(site, settings.timeout(), record, deadline=deadline)
-
     # -- gather mode ------------------------------------------------------------------------
 
     def _gather_side(self, state: Any, settings: Settings) -> Optional[GatherSide]:
@@ -318,36 +358,14 @@ class InOrderSession:
                     self._gather_tried = True
         return self._gather
 
-    def gather_call(
-        self,
-        state: Any,
-        settings: Settings,
-        site: Site,
-        adapter: Any,
-        level: int,
-        msg: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> None:
-        """One rank's in_order call in gather mode. `site` is the user's call site, the same on every rank."""
-        with self.lock:
-            self._deadline = None
-            if self._child:  # a forked child: the store connection is its parent's
-                print_in_child(adapter, level, msg, args, kwargs, self.origin(state))
-                return
-            side = self._gather_side(state, settings)
-            if side is not None:  # `mode` said gather only with a side
-                identity = (site, self.count(site))
-                side.call(adapter, level, msg, args, kwargs, identity, settings.timeout())
-
     # -- the end of the job -----------------------------------------------------------------
 
     def release(self) -> None:
         """Stop and join this process's background store threads; they must not outlive the job's teardown.
 
         Called before the default process group is destroyed (`teardown`) and at exit (`close`). A
-        thread still inside a store call when the interpreter finalizes aborts the process (issue 24,
-        `store.writer`). Each wait is bounded by the store connection's timeout; the session itself
+        thread still inside a store call when the interpreter finalizes aborts the process
+        (`store.writer`). Each wait is bounded by the store connection's timeout; the session itself
         stays usable (a later gather-mode post is delivered, not cleaned up).
         """
         with self.lock:  # no in_order call meanwhile: nothing new is handed to a thread

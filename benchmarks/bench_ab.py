@@ -1,18 +1,27 @@
-"""Benchmark: barrier mode of two revisions of this package, paired in the same processes of one job.
+"""Benchmark: two revisions of this package, in barrier or gather mode, paired in the same processes of one job.
 
 A protocol change moves a call's time by less than this 2-core machine's run-to-run noise, so two
 `bench` runs cannot tell two revisions apart. Here one real job (torchrun, CPU gloo, accelerate as
 installed) imports both: the working tree as `accelerate_inorder_fix`, and the revision `--base` (a
 `git archive` of it) as a copy renamed `aif_base`. Round by round, with the starting variant rotated,
 each rank makes `--calls` in_order calls with upstream unpatched, with the base patched, and with the
-working tree patched (barrier mode; one patched at a time). Each variant logs from its own line, so
-the two revisions never share a store key. Figures: the median over `--rounds` batches of the slowest
-rank's time per call, and the CPU per call of all ranks together (`time.process_time`, summed).
+working tree patched (`--mode`, barrier by default; one patched at a time). Each variant logs from its
+own line, and the base's store keys are under a prefix of its own, so the two revisions never share a
+store key. Figures: the median over `--rounds` batches of the slowest rank's time per call (in gather
+mode, the main process's: it collects and prints every rank's record), and the CPU per call of all
+ranks together (`time.process_time`, summed).
+
+In gather mode every rank's message differs from the others' (`step i r<rank>`), as per-rank numbers
+do. `--collapse` turns collapse on in the working tree only: with `--base` the working tree's own
+commit, the pair is collapse's cost on records that all differ.
 
     python benchmarks/bench_ab.py --base 04a3182 --ranks 8 --rounds 11
+    python benchmarks/bench_ab.py --mode gather --base a9bfd47 --ranks 8 --rounds 11
+    python benchmarks/bench_ab.py --mode gather --collapse --base HEAD --ranks 8 --rounds 11
 """
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -37,7 +46,21 @@ def _copy_of(base: str, into: str) -> None:
     os.rename(os.path.join(into, "accelerate_inorder_fix"), os.path.join(into, "aif_base"))
 
 
-def _worker(calls: int, rounds: int) -> None:
+def _own_prefix(package_name: str) -> None:
+    """Put the store keys of the package `package_name` under a prefix of its own (the revisions' queues
+    are named alike): every module of it whose `PREFIX` is the store prefix gets `<package_name>/`.
+    Where the prefix lives depends on the revision (`store.connection`, earlier `gather.transport`)."""
+    for where in ("store.connection", "gather.transport"):
+        try:
+            importlib.import_module(f"{package_name}.{where}")
+        except ImportError:
+            continue
+    for name, module in list(sys.modules.items()):
+        if name.startswith(package_name + ".") and getattr(module, "PREFIX", None) == "accelerate_inorder_fix/":
+            module.PREFIX = package_name + "/"  # type: ignore[attr-defined]
+
+
+def _worker(calls: int, rounds: int, mode: str, collapse: bool) -> None:
     import logging
 
     import aif_base as base  # type: ignore[import-not-found]
@@ -48,7 +71,9 @@ def _worker(calls: int, rounds: int) -> None:
 
     import accelerate_inorder_fix as head
 
+    _own_prefix("aif_base")
     state = PartialState(cpu=True)
+    rank = state.process_index
     sink = open(os.devnull, "w")
     logger = logging.getLogger("aif.ab")
     logger.addHandler(logging.StreamHandler(sink))
@@ -56,17 +81,20 @@ def _worker(calls: int, rounds: int) -> None:
     logger.propagate = False
     log = get_logger("aif.ab")
 
+    # In gather mode each rank's message is its own: what the main process prints is every rank's line.
+    msg, extra = ("step %d r%d", (rank,)) if mode == "gather" else ("step %d", ())
+
     def upstream(n: int) -> None:
         for i in range(n):
-            log.info("step %d", i, in_order=True)
+            log.info(msg, i, *extra, in_order=True)
 
     def base_calls(n: int) -> None:
         for i in range(n):
-            log.info("step %d", i, in_order=True)
+            log.info(msg, i, *extra, in_order=True)
 
     def head_calls(n: int) -> None:
         for i in range(n):
-            log.info("step %d", i, in_order=True)
+            log.info(msg, i, *extra, in_order=True)
 
     loops = {"upstream": upstream, "base": base_calls, "head": head_calls}
 
@@ -76,7 +104,9 @@ def _worker(calls: int, rounds: int) -> None:
         if variant != "upstream":
             package = base if variant == "base" else head
             package.patch()
-            package.configure(mode="barrier")
+            package.configure(mode=mode)
+            if package is head and collapse:
+                head.configure(collapse=True)
         dist.barrier()
         wall, cpu = time.perf_counter(), time.process_time()
         loops[variant](n)
@@ -99,6 +129,8 @@ def _worker(calls: int, rounds: int) -> None:
     if state.is_main_process:
         result = {
             "ranks": state.num_processes,
+            "mode": mode,
+            "collapse": collapse,
             "wall_ms": {v: statistics.median(x) * 1e3 for v, x in wall.items()},
             "cpu_ms": {v: statistics.median(x) * 1e3 for v, x in cpu.items()},
         }
@@ -114,10 +146,12 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--mode", choices=("barrier", "gather"), default="barrier")
+    parser.add_argument("--collapse", action="store_true", help="collapse on in the working tree (gather mode)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        _worker(args.calls, args.rounds)
+        _worker(args.calls, args.rounds, args.mode, args.collapse)
         return 0
     if not args.base:
         parser.error("--base is required")
@@ -126,7 +160,8 @@ def main() -> int:
         env = dict(os.environ, ACCELERATE_INORDER_FIX="0", OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = os.pathsep.join([ROOT, copy, *filter(None, [env.get("PYTHONPATH")])])
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.ranks), __file__]
-        cmd += ["--worker", "--calls", str(args.calls), "--rounds", str(args.rounds)]
+        cmd += ["--worker", "--calls", str(args.calls), "--rounds", str(args.rounds), "--mode", args.mode]
+        cmd += ["--collapse"] if args.collapse else []
         job = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     lines = [line for line in job.stdout.splitlines() if line.startswith(TAG)]
     if job.returncode != 0 or not lines:
@@ -134,7 +169,11 @@ def main() -> int:
         return 1
     r = json.loads(lines[0][len(TAG) :])
     w, c = r["wall_ms"], r["cpu_ms"]
-    print(f"{r['ranks']} ranks, base {args.base}, {args.rounds} rounds of {args.calls} calls; median, slowest rank")
+    head = "head, collapse on" if args.collapse else "head"
+    print(
+        f"{r['ranks']} ranks, {args.mode} mode, base {args.base} vs {head}, {args.rounds} rounds of {args.calls} "
+        "calls; median, slowest rank"
+    )
     print("| variant | ms per call | CPU ms per call, all ranks | upstream / variant |")
     print("|---|---:|---:|---:|")
     for v in VARIANTS:

@@ -63,6 +63,7 @@ import timeit
 from multiprocessing.connection import Connection
 from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Union
 
+from accelerate_inorder_fix import config
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import copies, queues, records
 from accelerate_inorder_fix.store import connection
@@ -125,8 +126,8 @@ def _serve(conn: Connection) -> None:
 
 def _record(count: int, rank: int) -> logging.LogRecord:
     record = logging.LogRecord(
-        LOGGER, logging.INFO, "/job/bench_scale.py", SITE[2], f"step {count} r{rank}", None, None
-    )
+        LOGGER, logging.INFO, "/job/bench_scale.py", SITE[2], f"[RANK {rank}] step {count} r{rank}", None, None
+    )  # tagged as gather mode tags it, and every rank's its own: with `--collapse`, nothing is grouped
     record.rank, record.hostname = rank, "node-a"  # every record from a rank's queue says where it comes from
     return record
 
@@ -355,7 +356,7 @@ class EmittedCount(logging.Handler):
         self.count = 0
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1
+        self.count += len(getattr(record, "ranks", ()) or (record,))  # a collapsed line: each rank it names
 
 
 def _handlers() -> tuple[IO[str], EmittedCount]:
@@ -626,6 +627,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--procs", type=int, default=4, help="poster processes (default 4)")
     parser.add_argument("--threads", type=int, default=16, help="store connections per poster process (default 16)")
     parser.add_argument("--no-old", action="store_true", help="skip the old protocol (where there is one)")
+    parser.add_argument(
+        "--collapse", action="store_true", help="collapse on in the main process (every rank's message differs)"
+    )
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--plot", metavar="PNG", help="also plot main ms per call against ranks (needs matplotlib)")
     parser.add_argument("--from-json", metavar="FILE", help="do not measure: tables (and plot) of an earlier --json")
@@ -704,6 +708,7 @@ def main(argv: Optional[list[str]] = None, protocols: Optional[Protocols] = None
             f"bench_scale.py: --arrival takes {', '.join(ARRIVALS)} (comma-separated), not {args.arrival!r}"
         )
     names = [name for name in protocols if not (args.no_old and name == "old")]
+    config.SETTINGS.configure(collapse=args.collapse)  # read by the collector where it prints
     cluster = Cluster(args.procs, args.threads)
     results = {"arrivals": arrivals, "results": []}
     try:
@@ -723,7 +728,7 @@ def main(argv: Optional[list[str]] = None, protocols: Optional[Protocols] = None
         f"from {args.procs} processes x {args.threads} connections; {args.calls} calls x {args.rounds} rounds after "
         f"{WARMUP} warm-up, protocols rotated ABBA by round; concurrent: a step every {args.step_ms:g} ms, ranks reach "
         f"the call within {args.spread_ms:g} ms (uniform, seed {args.seed}); main: median per call, records emitted to "
-        "os.devnull and counted; rank: mean per post"
+        f"os.devnull and counted; rank: mean per post; collapse {'on' if args.collapse else 'off'}"
     )
     _print(results)
     if args.json:

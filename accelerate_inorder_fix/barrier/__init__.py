@@ -1,6 +1,7 @@
-"""Barrier mode: each rank prints through its own handlers, in rank order, between upstream's barriers.
+"""Barrier mode: each rank prints through its own handlers, in rank order, its turn handed over through the store.
 
-`turns` is one call (rank 0's turn, the check-in, the other turns); `checkin` the protocol that lets
-the barriers run only when every rank has made the call; `side` this process's check-in and its
-warnings.
+One call, in the order a reader follows it: `side` (`BarrierSide.call`: rank 0's turn, the check-in, a
+skip's emit or the go's turns), `checkin` (the protocol that lets the turns run only when every rank
+has made the call), `handoff` (the turns after a `go`, point to point), `turns` (the emit, at most once;
+the calls without a store: plain barriers, or at once).
 """

@@ -1,10 +1,11 @@
-"""Barrier mode's check-in: before any barrier, every rank agrees through the job's store whether they run.
+"""Barrier mode's check-in: before any turn, every rank agrees through the job's store whether the turns run.
 
-Barrier mode is N turns of `wait_for_everyone()`, a collective. A rank that does not make the call
-(`if accelerator.is_main_process:`, a skipped iteration) would leave the others in a barrier that its
-own next collective pairs with: the job hangs, or desynchronises. So each rank first checks the call
-in, and one verdict per call decides for every rank: `go` (every rank is here: the barriers run) or
-`skip` (nobody enters a barrier of this call; each rank emits at once).
+Barrier mode is N turns, one rank's record in each, in rank order. A rank that does not make the call
+(`if accelerator.is_main_process:`, a skipped iteration) would leave the others waiting for its turn,
+or, where the turns are upstream's barriers, in a barrier that its own next collective pairs with: the
+job hangs, or desynchronises. So each rank first checks the call in, and one verdict per call decides
+for every rank: `go` (every rank is here: the turns run, handed over through the store, `handoff`)
+or `skip` (nobody waits for anyone in this call; each rank emits at once).
 
 Two rules make it safe, whatever the schedule:
 
@@ -12,7 +13,7 @@ Two rules make it safe, whatever the schedule:
    rank reads the same bytes: a rank that gives up and the last rank to arrive race, and one of them
    wins for everybody. Anything but `go` there (a `skip`, or junk) is a skip, on every rank.
 2. **Only a rank that counted all N arrivals writes `go`.** Then every rank is in the call and will
-   read the verdict; a rank that was not here cannot be waited for in a barrier.
+   read the verdict; a rank that was not here cannot be waited for.
 
 Any rank may give up at any time (rule 1 keeps that safe), so every wait is bounded: at its deadline
 a rank writes `skip` and reads what won. Keys, under `accelerate_inorder_fix/b/` (N ranks, timeout T,
@@ -27,8 +28,9 @@ call k of a site, counted by each rank for itself)::
 
 Only rank 1 waits at the verdict key itself; rank r > 1 waits at rank r-1's handoff key, rank 0 at the
 last rank's (`_wake_key`): a `go` reaches them as the write they wait for next (their turn, or the
-call's end), and a skip is written into every handoff key too. On that write rank r >= 1 takes its
-turn at once (`on_wake`, `handoff`) and then reads the verdict. A TCPStore wakes a key's waiters on
+call's end), and a skip is written into every handoff key too. On that write the check-in returns
+(`arrive`: an `Arrival` that is `woken`); rank r >= 1 takes its turn then, in its call's own step
+(`side.BarrierSide`), hands over (`hand_over`) and then reads the verdict (`settle`). A TCPStore wakes a key's waiters on
 any `compare_set` of it, there or not; so a waited-for key is `peek`ed only once it is known to be
 there, and a wait that returns is a write (`wait_for`).
 
@@ -58,6 +60,7 @@ connection's own timeout is never changed, and the check-in runs on whatever sto
 from __future__ import annotations
 
 import datetime
+import enum
 import json
 import time
 from dataclasses import dataclass, field
@@ -110,22 +113,32 @@ class Call:
         return cls(site, int(k)) if site and k.isascii() and k.isdigit() else None  # '²'.isdigit() too
 
 
+class Why(str, enum.Enum):
+    """What gave a call up (a skip's reason); the first three are written to the store, as their values."""
+
+    TIMEOUT = "timeout"  # a rank did not come within the timeout
+    ABSENT = "absent"  # a rank named before had not checked in again, within the patience left
+    CYCLE = "cycle"  # the missing ranks waited at another call, which waited for this one (`CheckIn._halfway`)
+    DAMAGED = "damaged"  # a check-in key held something else
+    STORE = "store"  # this rank's store connection failed
+    RETIRED = "retired"  # the site diverged before: no store at all
+    NONE = ""  # a `go`
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What every rank does with one in_order call.
 
     Attributes:
-        go: True: the barriers run. False: nobody enters them; each rank emits at once.
-        why: for a skip, what decided it: "timeout", "absent", "cycle" (written to the store);
-            "damaged" (the key held something else), "store" (this rank's store failed), "retired"
-            (the site diverged before: no store at all).
+        go: True: the turns run. False: nobody waits for anyone in the call; each rank emits at once.
+        why (`Why`): for a skip, what decided it.
         decider: the rank that wrote the skip (-1: not known).
         missing: {rank: the call it had last checked in at}, for the ranks not in the call.
-        other: for "cycle", the call the missing ranks were waiting at.
+        other: for `Why.CYCLE`, the call the missing ranks were waiting at.
     """
 
     go: bool
-    why: str = ""
+    why: Why = Why.NONE
     decider: int = -1
     missing: dict[int, str] = field(default_factory=dict)
     other: str = ""
@@ -133,7 +146,7 @@ class Verdict:
     def encode(self) -> bytes:
         if self.go:
             return GO
-        fields = {"why": self.why, "by": self.decider, "missing": self.missing, "other": self.other}
+        fields = {"why": self.why.value, "by": self.decider, "missing": self.missing, "other": self.other}
         return SKIP + json.dumps(fields, sort_keys=True).encode()
 
     @classmethod
@@ -144,12 +157,39 @@ class Verdict:
         try:
             fields = json.loads(blob[len(SKIP) :]) if blob.startswith(SKIP) else {}
             missing = {int(q): str(m) for q, m in fields["missing"].items()}
-            return cls(False, str(fields["why"]), int(fields["by"]), missing, str(fields["other"]))
+            return cls(False, Why(str(fields["why"])), int(fields["by"]), missing, str(fields["other"]))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):  # a forged deep nesting too
-            return cls(False, "damaged")
+            return cls(False, Why.DAMAGED)
 
 
-RETIRED = Verdict(False, "retired")
+RETIRED = Verdict(False, Why.RETIRED)
+
+
+@dataclass
+class Arrival:
+    """One rank's check-in at one call, from its arrival to its verdict (`CheckIn.arrive`, `CheckIn.settle`).
+
+    Attributes:
+        site, call: the call checked in at: its site, and its name and number in the store.
+        timeout: the timeout T it was made with.
+        deadline: on the check-in's clock, when its waits end; its turns end by then too (`handoff`).
+        verdict: the verdict, once read; None while the rank's turn comes first (`woken`).
+        woken: the wait ended on a write to this rank's wake key (`CheckIn._wake_key`): rank r >= 1 takes
+            its turn, then the verdict is read (`CheckIn.settle`).
+        failed: the store failed under the call after the wake (the turn's handoff): `settle` gives it up.
+        untidy: this rank wrote the `go`, and deletes after its turn (`CheckIn.tidy_up`).
+        stalled: every arrival was counted at the deadline, but no verdict was there (`CheckIn._suspect`).
+    """
+
+    site: Site
+    call: Call
+    timeout: float
+    deadline: float
+    verdict: Optional[Verdict] = None
+    woken: bool = False
+    failed: bool = False
+    untidy: bool = False
+    stalled: bool = False
 
 
 @dataclass
@@ -190,75 +230,84 @@ class CheckIn:
         self.absent: dict[int, str] = {}  # rank -> its marker when a timed-out call named it missing
         self.patience = 0.0  # seconds the calls may still wait for absent ranks, in all
         self.calls = 0  # check-ins made by this process
-        self.deadline = 0.0  # of the latest check-in: its turns end by then too (`handoff`)
-        self.woken = False  # the latest check-in's wait ended on a write to this rank's wake key (`_wake_key`)
-        self.on_wake: Optional[Callable[[Call], None]] = None  # of the latest check-in (`verdict`)
-        self.untidy: Optional[Call] = None  # the latest check-in wrote its go, and has deletions to make
-        self.stalled = False  # the latest check-in counted every arrival at its deadline, but found no verdict
-        self.unread: Optional[Call] = None  # rank 1's turn taken on the wake: its call, whose verdict it reads after
+        # Rank 1's call whose turn runs before its verdict is read (`settle`): a log handler's in_order call
+        # in that turn reads it first (`_read_outer_first`).
+        self.unread: Optional[Call] = None
 
-    def verdict(
-        self,
-        site: Site,
-        timeout: float,
-        on_wake: Optional[Callable[[Call], None]] = None,
-        deadline: Optional[float] = None,
-    ) -> Verdict:
-        """Check this process's next call at `site` in, and return the verdict every rank follows.
+    def arrive(self, site: Site, k: int, timeout: float, deadline: Optional[float] = None) -> Arrival:
+        """Check this process's call `k` at `site` in: its verdict, or (`Arrival.woken`, rank r >= 1 in a `go`)
+        the write that is this rank's turn, taken before the verdict is read (`settle`).
 
         Args:
-            on_wake (`Callable[[Call], None]`, *optional*): called once, with the call, when a write to
-                this rank's wake key ends its wait, before the verdict is read (`_read_verdict`).
+            k: the call's number at the site (1, 2, ...), as every rank counts it.
             deadline (`float`, *optional*): on `clock`, when the call's waits end: an earlier one when the
                 call began before its check-in (the session's mode agreement); `timeout` from now if None.
         """
         state = self.sites.get(site) or self.sites.setdefault(site, _SiteState(site_name(site)))
+        call = Call(state.name, k)
+        when = self.clock() + timeout if deadline is None else deadline
+        arrival = Arrival(site, call, timeout, when)
         if state.retired:
-            return RETIRED
-        state.count += 1
+            arrival.verdict = RETIRED
+            return arrival
+        state.count = k
         self.calls += 1
         state.before, state.last = state.last, self.calls
-        call = Call(state.name, state.count)
-        self.deadline = self.clock() + timeout if deadline is None else deadline
-        self.woken, self.on_wake, self.untidy = False, on_wake, None
-        self.stalled = False
         try:
-            verdict = self._check_in(call, self.deadline, timeout)
+            blob = self._check_in(arrival)
+            arrival.verdict = None if blob is None else Verdict.decode(blob)
         except Exception:  # noqa: BLE001 -- the store failed under us: one more try, on a new connection
-            verdict = self._after_failure(call)
+            arrival.verdict = self._after_failure(call)
+        if arrival.woken and self.rank == 1:
+            self.unread = call  # its wake key is the verdict key: the verdict is there
+        return arrival
+
+    def hand_over(self, arrival: Arrival) -> None:
+        """After this rank's turn taken on the wake: its handoff key, before it reads the verdict."""
+        try:
+            self.store.set(arrival.call.handoff(self.rank), HANDED)
+        except Exception:  # noqa: BLE001 -- read by `settle`, which gives the call up on a new connection
+            arrival.failed = True
+
+    def settle(self, arrival: Arrival) -> Verdict:
+        """The verdict every rank follows (read now if the rank was woken), and what this rank learns from it."""
+        call = arrival.call
+        if self.unread == call:
+            self.unread = None
+        verdict = arrival.verdict
+        if verdict is None:
+            verdict = arrival.verdict = self._read_after_turn(arrival)
+        if verdict is RETIRED:
+            return verdict
         if verdict.go:
             self.absent.clear()  # every rank was here
         else:
-            state.retired = True
-            if verdict.why == "timeout":
-                self.patience = timeout / 2
-            if verdict.why in ("timeout", "absent"):
+            self.sites[arrival.site].retired = True
+            if verdict.why is Why.TIMEOUT:
+                self.patience = arrival.timeout / 2
+            if verdict.why in (Why.TIMEOUT, Why.ABSENT):
                 self.absent.update((q, m) for q, m in verdict.missing.items() if q != self.rank)
-        if self.stalled:
-            self._suspect(call, timeout)
+        if arrival.stalled:
+            self._suspect(call, arrival.timeout)
         return verdict
 
-    def last_call(self, site: Site) -> Call:
-        """This process's latest call at `site` (the one `verdict` just decided)."""
-        state = self.sites[site]
-        return Call(state.name, state.count)
+    def _read_after_turn(self, arrival: Arrival) -> Verdict:
+        """The verdict of a call whose wake came first; if the store failed, in the turn's handoff or now,
+        one more try on a new connection (`_after_failure`)."""
+        if not arrival.failed:
+            try:
+                return Verdict.decode(self._read_after_wake(arrival.call))
+            except Exception:  # noqa: BLE001 -- the store failed under us
+                arrival.failed = True
+        return self._after_failure(arrival.call)
 
-    def named(self, rank: int) -> None:
+    def named(self, rank: int, deadline: float) -> None:
         """`rank` did not hand over its turn (`handoff`): absent, like a rank a timed-out call named, until
         it checks in somewhere again. Its wait was the call's whole timeout: no patience is added, and
-        what this call waited past its deadline comes off what is left (a death costs 1.5 T in all)."""
+        what this call waited past its `deadline` comes off what is left (a death costs 1.5 T in all)."""
         if rank not in self.absent:
             self.absent[rank] = self._peek(MARK + str(rank)).decode("utf-8", "replace")
-        self.patience = max(0.0, self.patience - max(0.0, self.clock() - self.deadline))
-
-    def during_turn(self, record: Callable[[], None]) -> None:
-        """`record()`, this rank's turn, with this call's state kept: a log handler may make an in_order
-        call of its own in it, whose check-in would otherwise leave its deadline, wake and deletions here."""
-        kept = self.deadline, self.woken, self.on_wake, self.untidy, self.stalled
-        try:
-            record()
-        finally:
-            self.deadline, self.woken, self.on_wake, self.untidy, self.stalled = kept
+        self.patience = max(0.0, self.patience - max(0.0, self.clock() - deadline))
 
     def _suspect(self, call: Call, timeout: float) -> None:
         """At this rank's deadline every rank had come to `call` but one stopped (died) between two of its
@@ -270,29 +319,33 @@ class CheckIn:
 
     # -- one call ---------------------------------------------------------------------------------
 
-    def _check_in(self, call: Call, deadline: float, timeout: float) -> Verdict:
+    def _check_in(self, arrival: Arrival) -> Optional[bytes]:
+        """The verdict of `arrival`'s call; None when a write to the wake key ended the wait (`_await`)."""
+        call = arrival.call
         self._read_outer_first()
         self.store.set(MARK + str(self.rank), call.marker)
         arrived = int(self.store.add(call.counter, 1))
         last = call.k * self.world_size
         if arrived == last:  # its turn may come next (rank 1's is the chain's first): deletions after it
-            blob = self._decide(call, GO, tidy_later=True)
+            blob = self._decide(call, GO, later=arrival)
             if blob != GO:  # given up before this rank came: no turns, so no `tidy_up`
                 self._forget_handoff(call)
-            return Verdict.decode(blob)
+            return blob
         if not last - self.world_size < arrived < last:  # a counter someone else wrote to
-            return Verdict.decode(self._give_up(call, "damaged", {}))
+            return self._give_up(call, Why.DAMAGED, {})
         self._forget_handoff(call)
-        return Verdict.decode(self._await(call, deadline, timeout))
+        return self._await(arrival)
 
-    def tidy_up(self) -> None:
-        """What the writer of the latest `go` deletes after its turn, not before: the verdict of the call
-        before at the site (`_decide`), and its own handoff key of two calls back (`_forget_handoff`)."""
-        call, self.untidy = self.untidy, None
-        if call is not None:
-            if call.k > 1:
-                self.store.delete_key(Call(call.site, call.k - 1).key)
-            self._forget_handoff(call)
+    def tidy_up(self, arrival: Arrival) -> None:
+        """What the writer of a `go` deletes after its turn, not before: the verdict of the call before at
+        the site (`_decide`), and its own handoff key of two calls back (`_forget_handoff`)."""
+        call = arrival.call
+        if not arrival.untidy:
+            return
+        arrival.untidy = False
+        if call.k > 1:
+            self.store.delete_key(Call(call.site, call.k - 1).key)
+        self._forget_handoff(call)
 
     def _forget_handoff(self, call: Call) -> None:
         """Delete this rank's handoff key of two calls back at the site. The call before this one went (a
@@ -301,38 +354,42 @@ class CheckIn:
         if self.rank > 0 and call.k > 2:
             self.store.delete_key(Call(call.site, call.k - 2).handoff(self.rank))
 
-    def _await(self, call: Call, deadline: float, timeout: float) -> bytes:
-        """Wait for the verdict until T (halfway, look for a wait-for cycle); for absent ranks, less."""
+    def _await(self, arrival: Arrival) -> Optional[bytes]:
+        """Wait for the verdict until T (halfway, look for a wait-for cycle); for absent ranks, less.
+        None: a write to this rank's wake key ended the wait (`Arrival.woken`; the verdict is read in `settle`)."""
+        call, deadline, timeout = arrival.call, arrival.deadline, arrival.timeout
         if self._absent(call):
             start = self.clock()
-            blob = self._read_verdict(call, min(deadline, start + self.patience))
+            arrival.woken = self._wakes(call, min(deadline, start + self.patience))
             self.patience = max(0.0, self.patience - (self.clock() - start))
             absent = self._absent(call)
-            if blob is not None or not absent:
-                return blob if blob is not None else self._await(call, deadline, timeout)
-            return self._give_up(call, "absent", absent)
-        blob = self._read_verdict(call, deadline - timeout / 2)
-        if blob is None:
-            blob = self._halfway(call)
-        if blob is None:
-            blob = self._read_verdict(call, deadline)
-        if blob is None:
-            if self._count(call) == call.k * self.world_size:  # all came: the `go` is ours to write if it is not there
-                self.stalled = not self.store.check([call.key])  # its last arrival stopped before it (`_suspect`)
-                return self._decide(call, GO)
-            missing = self._missing(call)
-            self.stalled = not missing  # every rank's marker is here, not every count: one stopped between them
-            return self._give_up(call, "timeout", missing)
-        return blob
+            if arrival.woken:
+                return None
+            return self._await(arrival) if not absent else self._give_up(call, Why.ABSENT, absent)
+        arrival.woken = self._wakes(call, deadline - timeout / 2)
+        if arrival.woken:
+            return None
+        blob = self._halfway(call)
+        if blob is not None:
+            return blob
+        arrival.woken = self._wakes(call, deadline)
+        if arrival.woken:
+            return None
+        if self._count(call) == call.k * self.world_size:  # all came: the `go` is ours to write if it is not there
+            arrival.stalled = not self.store.check([call.key])  # its last arrival stopped before it (`_suspect`)
+            return self._decide(call, GO)
+        missing = self._missing(call)
+        arrival.stalled = not missing  # every rank's marker is here, not every count: one stopped between them
+        return self._give_up(call, Why.TIMEOUT, missing)
 
-    def _give_up(self, call: Call, why: str, missing: dict[int, str], other: Optional[Call] = None) -> bytes:
+    def _give_up(self, call: Call, why: Why, missing: dict[int, str], other: Optional[Call] = None) -> bytes:
         """Write a skip for `call` unless a verdict is there already; the verdict that stands."""
         skip = Verdict(False, why, self.rank, missing, other.marker.decode() if other else "")
         return self._decide(call, skip.encode())
 
-    def _decide(self, call: Call, verdict: bytes, tidy_later: bool = False) -> bytes:
+    def _decide(self, call: Call, verdict: bytes, later: Optional[Arrival] = None) -> bytes:
         """Write `verdict` for `call` unless one is there; the one that stands. The writer of a `go`
-        deletes the verdict of the call before at the site (now, or with `tidy_later` in `tidy_up`):
+        deletes the verdict of the call before at the site (now, or with `later` in its `tidy_up`):
         every rank has left that call, so has read it. A skip proves no such thing (a rank may still be
         reading it): it stays, with the retired site."""
         blob = bytes(self.store.compare_set(call.key, "", verdict))
@@ -340,8 +397,8 @@ class CheckIn:
             return self._junk_wakes(call, blob)
         if verdict != GO:
             self._wake_all(call)
-        elif tidy_later:
-            self.untidy = call
+        elif later is not None:
+            later.untidy = True
         elif call.k > 1:
             self.store.delete_key(Call(call.site, call.k - 1).key)
         return blob
@@ -354,7 +411,7 @@ class CheckIn:
     def _junk_wakes(self, call: Call, blob: bytes) -> bytes:
         """`blob`, the verdict read; junk there (a skip no rank wrote, so none woke the others) wakes them:
         a decided call costs nobody a wait."""
-        if blob != GO and Verdict.decode(blob).why == "damaged":
+        if blob != GO and Verdict.decode(blob).why is Why.DAMAGED:
             self._wake_all(call)
         return blob
 
@@ -365,9 +422,9 @@ class CheckIn:
             if self.reconnect is None:
                 raise RuntimeError("no other connection")
             self.store = self.reconnect()
-            blob = self._give_up(call, "store", {})
+            blob = self._give_up(call, Why.STORE, {})
         except Exception:  # noqa: BLE001 -- the store is gone for this rank
-            return Verdict(False, "store", self.rank)
+            return Verdict(False, Why.STORE, self.rank)
         return Verdict.decode(blob)
 
     # -- what the other ranks are doing -----------------------------------------------------------
@@ -380,30 +437,25 @@ class CheckIn:
             return call.key
         return call.handoff(self.rank - 1 if self.rank > 1 else self.world_size - 1)
 
-    def _read_verdict(self, call: Call, deadline: float) -> Optional[bytes]:
-        """The verdict, once a write to this rank's wake key ends its wait before `deadline`; None if none came.
+    def _wakes(self, call: Call, deadline: float) -> bool:
+        """Whether a write to this rank's wake key ends its wait before `deadline`.
 
         The write is the verdict itself (rank 1), rank r-1's handoff (rank r > 1: a `go`, and its turn),
-        the last rank's (rank 0: the call's end), or a skip. `on_wake` runs first: rank r >= 1 takes its
-        turn there and then (its record out, its handoff set), so a turn costs no round trip before the
-        next. In a skip that only puts its record out early; the verdict is read after, and decides.
+        the last rank's (rank 0: the call's end), or a skip. Rank r >= 1 takes its turn then, before it
+        reads the verdict (`settle`), so a turn costs no round trip before the next. In a skip that only
+        puts its record out early; the verdict is read after, and decides.
         """
-        if not self.wait_for(self._wake_key(call), deadline):
-            return None
-        if not self.woken and self.on_wake is not None:
-            self.unread = call if self._wake_key(call) == call.key else None  # rank 1: the verdict is there
-            try:
-                self.on_wake(call)
-            finally:
-                self.unread = None
-        self.woken = True
-        blob = peek(self.store, call.key)  # there: every write to a wake key follows the verdict
+        return self.wait_for(self._wake_key(call), deadline)
+
+    def _read_after_wake(self, call: Call) -> bytes:
+        """The verdict, after a write to this rank's wake key: there, since every such write follows it."""
+        blob = peek(self.store, call.key)
         if blob is None:  # junk woke us, before any verdict
-            return self._give_up(call, "damaged", {})
+            return self._give_up(call, Why.DAMAGED, {})
         return self._junk_wakes(call, blob)
 
     def _read_outer_first(self) -> None:
-        """A log handler's in_order call in a turn taken on the wake (`_read_verdict`): the outer call's verdict
+        """A log handler's in_order call in a turn taken on the wake (`_wakes`): the outer call's verdict
         is read after the turn, and junk there woke nobody, so the others wait for that read while this call
         waits for them. Read it now: a decided call costs nobody a wait (`_junk_wakes`). Only rank 1's: its
         wake key is the verdict key, there once it woke (a `peek` of a missing key would wake its waiters)."""
@@ -482,10 +534,10 @@ class CheckIn:
                 continue
             missing = {q: m.decode("utf-8", "replace") for q, m in markers.items() if q not in here}
             if self._first(call, here, other, there) == call:
-                return self._give_up(call, "cycle", missing, other)
+                return self._give_up(call, Why.CYCLE, missing, other)
             theirs = {q: call.marker.decode() for q in here}
             theirs.update({q: m.decode("utf-8", "replace") for q, m in markers.items() if q not in here | there})
-            self._give_up(other, "cycle", theirs, call)
+            self._give_up(other, Why.CYCLE, theirs, call)
         return None
 
     def _first(self, ours: Call, here: set[int], other: Call, there: set[int]) -> Call:

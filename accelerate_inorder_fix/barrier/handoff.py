@@ -9,10 +9,10 @@ rank 1..N-1 and call, `b/h/<site>/<k>/<r>` (`checkin.Call.handoff`)::
     rank r > 1    its check-in waits at h/<r-1>; on the write: emit; set h/<r> "ok"; read the verdict
     rank 0<r<N-1  then wait h/<N-1>: the call returns once every rank's record is out
 
-**The turn comes with the wake** (`turn_on_wake`, the check-in's `on_wake`). The write that ends a rank's
-check-in wait at its wake key (`CheckIn._wake_key`) is the verdict (rank 1), rank r-1's handoff, or a
+**The turn comes with the wake** (`checkin.Arrival.woken`). The write that ends a rank's check-in wait at its wake key (`CheckIn._wake_key`) is the verdict (rank 1), rank r-1's handoff, or a
 skip (written into every handoff key of a call given up). In a `go` it is this rank's turn, so the rank
-emits and hands over before it reads the verdict: a handoff costs the next rank no round trip. In a
+emits and hands over before it reads the verdict (`side.BarrierSide`, between `CheckIn.arrive` and
+`CheckIn.settle`): a handoff costs the next rank no round trip. In a
 skip the records go out at once anyway, so a turn taken early changes nothing: every rank decides by
 the verdict key, never by a handoff's value. Every write to a wake key follows the call's verdict, so
 the verdict is there to read. A rank whose `go` did not come that way (it wrote the `go` itself, or
@@ -40,65 +40,51 @@ checks in again, the next call gives up at once instead of waiting for it again.
 rank that waited for its turn after its check-in says so once); no record is lost or repeated, no
 wait grows. Junk there before any verdict gives the call up ("damaged").
 
-**A log handler may log in_order** in its rank's turn: that call's check-in runs inside this one, so the
-turn keeps this call's state (`CheckIn.during_turn`).
+**A log handler may log in_order** in its rank's turn: that call's check-in runs inside this one, with an
+`Arrival` of its own; what this call's turns need (its deadline, its wake, its tidy-up) is this call's
+`Arrival`, which the inner call never touches.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
-from .._callsite import Site
 from .._diagnostics import TIMEOUT_ENV, CallWarning, site_text, warn_once
 from ..store.connection import peek
-from .checkin import HANDED, Call, CheckIn, Verdict
+from .checkin import HANDED, Arrival, CheckIn
 
 
 GRACE = 0.25  # of the timeout: what a wait has at least when a rank comes to it late, and past a break
 
 
-def turn_on_wake(side: CheckIn, record: Callable[[], None]) -> Optional[Callable[[Call], None]]:
-    """What rank r >= 1 does the moment a write to its wake key ends its check-in's wait (`CheckIn.verdict`'s
-    `on_wake`): its record goes out and it hands over, before it reads the verdict. None for rank 0."""
-    if side.rank == 0:
-        return None
-
-    def take_turn(call: Call) -> None:
-        side.during_turn(record)
-        side.store.set(call.handoff(side.rank), HANDED)
-
-    return take_turn
-
-
-def after_check_in(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> Union[str, Handoff]:
-    """How this rank's turns go after `verdict`: by `Handoff` on a `go`, otherwise `"skip"`."""
-    return Handoff(side, side.last_call(site), timeout) if verdict.go else "skip"
-
-
 class Handoff:
-    """One rank's turns of one `go` call.
+    """One rank's turns of one `go` call, after its check-in (`CheckIn.settle` read the `go`).
+
+    Args:
+        side: this rank's check-in.
+        arrival: its arrival at the call: the call, its deadline, whether its turn came with the wake.
 
     Attributes:
         named: the first rank this one named for not handing over (None: the chain held).
     """
 
-    def __init__(self, side: CheckIn, call: Call, timeout: float) -> None:
-        self.side, self.call = side, call
+    def __init__(self, side: CheckIn, arrival: Arrival) -> None:
+        self.side, self.arrival, self.call = side, arrival, arrival.call
         self.rank, self.last = side.rank, side.world_size - 1
-        self.deadline, self.woken, self.grace = side.deadline, side.woken, timeout * GRACE
+        self.deadline, self.woken, self.grace = arrival.deadline, arrival.woken, arrival.timeout * GRACE
         self.named: Optional[int] = None
 
-    def take_turns(self, record: Callable[[], None]) -> None:
-        """This rank's turn, unless its check-in took it (rank 2 on wait for the rank before, emit, hand over);
-        then wait for the last rank's handoff. `record` puts this rank's record out, once however often called."""
+    def take_turns(self, emit: Callable[[], None]) -> None:
+        """This rank's turn, unless it came with the check-in's wake (rank r > 1 waits for the rank before,
+        emits, hands over); the go's tidy-up (`CheckIn.tidy_up`); then the wait for the last rank's handoff.
+        `emit` puts this rank's record out, once however often called."""
         try:
-            if self.rank > 0:
-                if not self.woken:
-                    if self.rank > 1:
-                        self._receive(self.rank - 1)
-                    self.side.during_turn(record)
-                    self.side.store.set(self.call.handoff(self.rank), HANDED)
-            self.side.tidy_up()
+            if self.rank > 0 and not self.woken:
+                if self.rank > 1:
+                    self._receive(self.rank - 1)
+                emit()
+                self.side.store.set(self.call.handoff(self.rank), HANDED)
+            self.side.tidy_up(self.arrival)
             if self.rank < self.last and not (self.rank == 0 and self.woken):
                 self._receive(self.last)
         except Exception as exc:  # noqa: BLE001 -- the store failed under us: the record goes out all the same
@@ -112,7 +98,7 @@ class Handoff:
                 ),
                 key=("handoff", type(exc)),
             )
-            record()
+            emit()
 
     def _receive(self, m: int) -> None:
         """Wait for rank `m`'s handoff until the call's deadline (or a quarter timeout, if this rank comes
@@ -146,7 +132,7 @@ class Handoff:
     def _give_up(self, missing: int) -> None:
         if self.named is None:
             self.named = missing
-        self.side.named(missing)
+        self.side.named(missing, self.deadline)
         then = "takes its turn and hands over" if self.rank > missing else "returns"
         warn_once(
             CallWarning(

@@ -1,18 +1,27 @@
-"""This process's barrier-mode side: its check-in, the turns after a `go`, and the warnings a call given up leaves behind."""
+"""This process's barrier-mode side: one call, top to bottom, and the warnings a call given up leaves behind.
+
+`BarrierSide.call` reads in the order it runs: rank 0's turn (its record out before it checks in, so
+that a `go` also says rank 0's is out); the check-in (`checkin.CheckIn.arrive`), which for rank r >= 1
+in a `go` ends on the write that is its turn, taken then, before the verdict is read
+(`checkin.CheckIn.settle`); on a skip, the record at once; on a `go`, the other turns, handed over
+through the store, and the go's tidy-up (`handoff.Handoff`). No collective runs.
+"""
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
+from .._call import InOrderCall
 from .._callsite import Site
 from .._diagnostics import COLLECTIVE, TIMEOUT_ENV, CallWarning, site_text, warn_once
 from ..store.connection import Store
-from .checkin import CheckIn, Verdict
-from .handoff import Handoff, after_check_in, turn_on_wake
+from .checkin import Arrival, CheckIn, Verdict, Why
+from .handoff import Handoff
+from .turns import EmitOnce
 
 
 class BarrierSide:
-    """Checks each barrier-mode call in through the job's store (`checkin`), and says why one was given up.
+    """Barrier mode's calls through the job's store: each checked in (`checkin`), then its turns (`handoff`).
 
     Args:
         store: this process's connection to the job's store (prefixed).
@@ -25,16 +34,31 @@ class BarrierSide:
     ) -> None:
         self.checkin = CheckIn(store, rank, world_size, reconnect=reconnect)
 
-    def check_in(
-        self, site: Site, timeout: float, record: Callable[[], None], deadline: Optional[float] = None
-    ) -> Union[str, Handoff]:
-        """Every rank checked in: the turns, handed over through the store; `"skip"`: some rank did not.
-        `record` puts this rank's record out (once), if its turn comes in the check-in (`turn_on_wake`).
-        `deadline` (`CheckIn.verdict`): the call's, when it began before the check-in."""
-        verdict = self.checkin.verdict(site, timeout, turn_on_wake(self.checkin, record), deadline)
-        if not verdict.go:
-            say_skipped(self.checkin, site, verdict, timeout)
-        return after_check_in(self.checkin, site, verdict, timeout)
+    def call(self, call: InOrderCall) -> None:
+        """One in_order call of this rank: rank 0's turn, the check-in, then a skip's emit or the go's turns."""
+        record = EmitOnce(call.log, call.origin)
+        if self.checkin.rank == 0:
+            record.emit()
+        arrival, verdict = self._check_in(call, record)
+        if not verdict.go:  # some rank will not come: nobody waits for anyone in this call
+            say_skipped(self.checkin, call.site, verdict, call.timeout)
+            record.emit()
+            return
+        self._take_turns(arrival, record)
+
+    def _check_in(self, call: InOrderCall, record: EmitOnce) -> tuple[Arrival, Verdict]:
+        """The call's check-in, and the verdict every rank follows. Rank r >= 1 whose wait ended on its wake
+        key takes its turn in between: it emits and hands over, then reads the verdict (in a skip that only
+        puts its record out early)."""
+        arrival = self.checkin.arrive(call.site, call.count, call.timeout, call.deadline)
+        if arrival.woken and self.checkin.rank > 0:
+            record.emit()
+            self.checkin.hand_over(arrival)
+        return arrival, self.checkin.settle(arrival)
+
+    def _take_turns(self, arrival: Arrival, record: EmitOnce) -> None:
+        """A `go`: this rank's turn unless it came with the wake, the go's tidy-up, the wait for the call's end."""
+        Handoff(self.checkin, arrival).take_turns(record.emit)
 
 
 def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> None:
@@ -45,15 +69,15 @@ def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> 
     named = tuple(sorted(verdict.missing))
     callers = [q for q in range(side.world_size) if q not in verdict.missing]
     speaker = verdict.decider if verdict.decider in callers else (callers[:1] or [rank])[0]
-    if verdict.why == "damaged":
+    if verdict.why is Why.DAMAGED:
         text = CallWarning(where, (rank,), "found something else in the job's store at its check-in", None, tail)
-    elif verdict.why == "store":
+    elif verdict.why is Why.STORE:
         text = CallWarning(where, (verdict.decider,), "lost its store connection during the check-in", None, tail)
     elif rank in verdict.missing:
         text = CallWarning(where, (rank,), "came after the call had been given up", 0, tail, COLLECTIVE)
-    elif rank != speaker or verdict.why == "retired":
+    elif rank != speaker or verdict.why is Why.RETIRED:
         return
-    elif verdict.why == "cycle":
+    elif verdict.why is Why.CYCLE:
         text = CallWarning(
             where,
             named,
@@ -62,7 +86,7 @@ def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> 
             f"the call was given up halfway through the wait so that the other could go on; {tail}",
             COLLECTIVE,
         )
-    elif verdict.why == "timeout" and not verdict.missing:
+    elif verdict.why is Why.TIMEOUT and not verdict.missing:
         text = CallWarning(
             where,
             (),
@@ -71,7 +95,7 @@ def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> 
             timeout,
             tail,
         )
-    elif verdict.why == "absent":
+    elif verdict.why is Why.ABSENT:
         text = CallWarning(
             where,
             named,

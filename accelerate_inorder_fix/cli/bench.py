@@ -70,6 +70,7 @@ def _worker(calls: int, rounds: int, plain_calls: int) -> None:
     from accelerate.logging import get_logger
 
     import accelerate_inorder_fix as fix
+    from accelerate_inorder_fix.barrier.turns import PlainBarriers
     from accelerate_inorder_fix.session import SESSION
 
     state = PartialState(cpu=True)
@@ -83,11 +84,16 @@ def _worker(calls: int, rounds: int, plain_calls: int) -> None:
     log = get_logger("aif.bench")
 
     def use(variant: str) -> None:
-        # barrier_plain: this process's check-in answers "plain barriers" at once (an instance attribute
-        # over the method, taken away again for every other variant): the N barriers alone.
-        SESSION.__dict__.pop("check_in", None)
+        # barrier_plain: this process's session gives every call, once its mode is agreed, to plain barriers
+        # (an instance attribute over the method, taken away again for every other variant): the N barriers alone.
+        SESSION.__dict__.pop("side", None)
         if variant == "barrier_plain":
-            SESSION.check_in = lambda state, settings, site, record: "plain"  # type: ignore[method-assign]
+
+            def plain(state: Any, settings: Any, call: Any) -> PlainBarriers:
+                SESSION.mode(state, settings, call)
+                return PlainBarriers(state)
+
+            SESSION.side = plain  # type: ignore[method-assign]
         if variant in ("upstream", "plain_unpatched"):
             fix.unpatch()
         else:

@@ -92,22 +92,31 @@ def startup_hook_facts() -> dict[str, Any]:
 
 
 def setting_facts() -> dict[str, Any]:
-    """Mode and timeout in effect, where each comes from, and env values that were ignored."""
+    """Mode, timeout and collapse in effect, where each comes from, and env values that were ignored."""
     facts: dict[str, Any] = {}
     for key, env, value, default in (
         ("mode", _config.MODE_ENV, SETTINGS.mode(), _config.DEFAULT_MODE),
         ("timeout", _config.TIMEOUT_ENV, SETTINGS.timeout(), _config.DEFAULT_TIMEOUT),
+        ("collapse", _config.COLLAPSE_ENV, SETTINGS.collapse(), False),
     ):
         raw = os.environ.get(env)
         entry = {"value": value, "source": "default"}
         if raw is not None and raw.strip():
-            if str(value) == raw.strip().lower() or (key == "timeout" and _same_number(raw, value)):
+            if str(value) == raw.strip().lower() or _same_value(key, raw, value):
                 entry["source"] = env
             else:
                 entry["ignored"] = f"{env}={raw!r} is not valid; using {default}"
         facts[key] = entry
     facts["mode"]["means"] = MODE_MEANS[facts["mode"]["value"]]
+    facts["collapse"]["means"] = COLLAPSE_MEANS[facts["collapse"]["value"]]
     return facts
+
+
+COLLAPSE_MEANS = {
+    True: "gather mode prints a call's identical records (logger, level, text) once, tagged with every rank "
+    "that sent them ([RANK 0-3,6]); records that differ print per rank; barrier mode ignores it",
+    False: "gather mode prints every rank's record of a call on its own line",
+}
 
 
 # What each mode does in a job, for `status` (README "Two modes" says the same at length); its bounds are
@@ -129,9 +138,11 @@ MODE_MEANS = {
 }
 
 
-def _same_number(raw: str, value: object) -> bool:
+def _same_value(key: str, raw: str, value: object) -> bool:
+    """Whether the environment's `raw` is what gave `value` (a timeout's number, collapse's word)."""
+    parse = {"timeout": _config.parse_timeout, "collapse": _config.parse_collapse}.get(key)
     try:
-        return float(raw) == value
+        return parse is not None and parse(raw) == value
     except ValueError:
         return False
 
@@ -216,9 +227,10 @@ def render(facts: dict[str, Any]) -> list[str]:
     lines.append(f"a Python process here gets the fix: {'yes' if outlook_['patched'] else 'NO'}, {outlook_['how']}")
     here = facts["this_process"]
     lines.append("this process: " + (f"patched, {here['how']}" if here["patched"] else "not patched"))
-    for key in ("mode", "timeout"):
+    for key in ("mode", "timeout", "collapse"):
         entry = facts[key]
         value = f"{entry['value']:g} s" if key == "timeout" else entry["value"]
+        value = ("on" if value else "off") if key == "collapse" else value
         source = "default" if entry["source"] == "default" else f"from {entry['source']}"
         lines.append(f"{key}: {value} ({source})" + (f"; note: {entry['ignored']}" if entry.get("ignored") else ""))
         if entry.get("means"):

@@ -24,7 +24,9 @@ then, for ranks still missing, one wait on all of them and one read, so a block 
 a few store round trips, not a few per rank.
 
 Emitting never raises and never stops a block: a handler or filter of the main process that raises
-loses that one record (one warning on stderr), as it would on the barrier path.
+loses that one record (one warning on stderr), as it would on the barrier path. With collapse on
+(`config.SETTINGS.collapse()`, read at each block), a block's identical records go out once, tagged
+with every rank that sent them (`collapse`).
 
 Only the main process waits, and only for a bounded time: past a call's deadline it takes what has
 arrived without waiting, at most `LATE_READS` records a rank and for at most `GRACE` x the timeout, so a
@@ -47,7 +49,9 @@ from typing import Callable, Optional, Protocol, runtime_checkable
 
 from .._callsite import Identity, Site
 from .._diagnostics import COLLECTIVE, TIMEOUT_ENV, CallWarning, ranks_text, warn_every
+from ..config import SETTINGS
 from ..store.connection import SHORTEST_WAIT
+from . import collapse as _collapse
 from . import copies as _copies
 from . import records as _records
 from .copies import BlockEntry
@@ -343,17 +347,41 @@ class Collector:
         )
 
     def _emit_block(self, block: Block, identity: Identity) -> None:
-        loggers: dict[str, logging.Logger] = {}  # one lookup per logger name, not per record: a block may hold 1,024
+        """Emit a block in rank order; with collapse on (`SETTINGS.collapse()`), identical records once."""
+        if SETTINGS.collapse():
+            self._emit_collapsed(block, identity)
+            return
+        loggers: dict[str, logging.Logger] = {}
         for rank in sorted(block):
             entry = block[rank]
             if entry is None:
                 continue
             try:
-                record = _copies.build(entry)
-                logger = loggers.get(record.name) or loggers.setdefault(record.name, _records.logger_for(record))
-                logger.callHandlers(record)
+                _hand_over(_copies.build(entry), loggers)
             except Exception as exc:
                 self._dropped(rank, identity, exc)
+
+    def _emit_collapsed(self, block: Block, identity: Identity) -> None:
+        """`_emit_block` with collapse on: the block's records grouped (`collapse.collapse`), then emitted."""
+        built: list[tuple[int, logging.LogRecord]] = []
+        for rank in sorted(block):
+            entry = block[rank]
+            if entry is not None:
+                try:
+                    built.append((rank, _copies.build(entry)))
+                except Exception as exc:
+                    self._dropped(rank, identity, exc)
+        try:
+            lines = _collapse.collapse(built)
+        except Exception as exc:  # grouping must not cost the block: it goes out per rank, as collapse off
+            warn_every(f"in_order call at {describe(identity)}: its records could not be collapsed: {exc!r}")
+            lines = [record for _, record in built]
+        loggers: dict[str, logging.Logger] = {}
+        for record in lines:
+            try:
+                _hand_over(record, loggers)
+            except Exception as exc:
+                self._dropped(getattr(record, "rank", -1), identity, exc)
 
     # -- exit -------------------------------------------------------------------------------
 
@@ -372,6 +400,12 @@ class Collector:
             self._emit_block(block, identity)
         if leftovers:
             self.warn(exit_summary(leftovers))
+
+
+def _hand_over(record: logging.LogRecord, loggers: dict[str, logging.Logger]) -> None:
+    """Hand `record` to its logger's handlers; `loggers` caches one lookup per name (a block may hold 1,024)."""
+    logger = loggers.get(record.name) or loggers.setdefault(record.name, _records.logger_for(record))
+    logger.callHandlers(record)
 
 
 SUMMARY_SITES = 5  # the exit warning names this many call sites, and the first SUMMARY_CALLS calls of each

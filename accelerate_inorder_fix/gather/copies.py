@@ -33,7 +33,6 @@ _DYNAMIC = [records.FIELDS.index(name) for name in ("msg", "created", "msecs", "
 _dynamic = operator.itemgetter(*_DYNAMIC)
 # Everything else in a record's values (the other fields, args, exc_info and the other attributes).
 _static = operator.itemgetter(*(i for i in range(len(records.FIELDS) + 3) if i not in _DYNAMIC))
-_NEW_RECORD = logging.LogRecord.__new__
 
 
 class FullCopy:
@@ -179,6 +178,4 @@ def build(entry: Union[logging.LogRecord, DeferredRecord]) -> logging.LogRecord:
     attributes["created"] = delta[_CREATED]
     attributes["msecs"] = delta[_MSECS]
     attributes["relativeCreated"] = delta[_RELATIVE_CREATED]
-    record = _NEW_RECORD(logging.LogRecord)
-    record.__dict__ = attributes
-    return record
+    return records.rebuild(attributes)

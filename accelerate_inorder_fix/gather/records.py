@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from typing import Any, Optional, Union
 
-from .._callsite import Identity, counted_from_here
+from .._call import LogArgs, ThisCall, log_for_this_call
+from .._callsite import Identity
 from .._origin import Origin
 
 
@@ -74,54 +74,15 @@ class MalformedRecord(ValueError):
     """Bytes read from a rank's queue that are not a record of this format (foreign or damaged)."""
 
 
-class _Catch:
-    """A logger filter that, for one thread, keeps the record and stops it before the handlers.
-
-    Other threads logging through the same logger meanwhile pass it untouched.
-    """
-
-    def __init__(self) -> None:
-        self.thread = threading.get_ident()
-        self.record: Optional[logging.LogRecord] = None
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if threading.get_ident() != self.thread:
-            return True
-        self.record = record
-        return False
-
-
-def capture(
-    adapter: logging.LoggerAdapter[Any],
-    level: int,
-    msg: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    origin: Optional[Origin] = None,
-) -> Optional[logging.LogRecord]:
+def capture(log: LogArgs, origin: Optional[Origin] = None) -> Optional[logging.LogRecord]:
     """The record this rank's logger makes for the call, or None when its level/filters drop it.
 
-    `origin`: the message is tagged (after upstream's `process`, as 1.13+ tags it) and the record stamped.
-    `kwargs["stacklevel"]` counts from the wrapper, which this function is some frames below
-    (`_callsite`: the frames are counted, not written down).
+    Made by the rank's own logger and kept before its handlers (`_call.log_for_this_call`). `origin`:
+    the message is tagged (after upstream's `process`, as 1.13+ tags it) and the record stamped.
     """
-    if not adapter.isEnabledFor(level):
-        return None
-    msg, processed = adapter.process(msg, counted_from_here(kwargs))
-    if origin is not None:
-        msg = origin.tag(msg)
-    logger = adapter.logger
-    catch = _Catch()
-    # Appended last: the logger's own filters run first, and one that rejects stops the record here
-    # exactly as it would stop it before the handlers.
-    logger.addFilter(catch)
-    try:
-        logger.log(level, msg, *args, **processed)
-    finally:
-        logger.removeFilter(catch)
-    if origin is not None and catch.record is not None:
-        origin.stamp(catch.record)
-    return catch.record
+    this_call = ThisCall(origin, keep=True)
+    log_for_this_call(log, this_call, tag=True)
+    return this_call.record
 
 
 def _message(record: logging.LogRecord) -> str:
@@ -298,10 +259,16 @@ def _record(values: Any, rank: Optional[int] = None) -> logging.LogRecord:
             raise MalformedRecord(f"its record's {key!r} is not a {kinds[0].__name__}")
     extras = values[-1]
     _check_origin(extras, rank)
-    record = _NEW_RECORD(logging.LogRecord)
     attributes = dict(zip(_ATTRIBUTES, values))  # FIELDS, then args and exc_info: None
     if extras:
         attributes.update((key, value) for key, value in extras.items() if key not in _NOT_EXTRA)
+    return rebuild(attributes)
+
+
+def rebuild(attributes: dict[str, Any]) -> logging.LogRecord:
+    """A `LogRecord` whose attributes are `attributes` (the dict itself, not a copy): a blank record, since
+    `LogRecord.__init__` would compute again what the rank's record already says (time, thread, caller)."""
+    record = _NEW_RECORD(logging.LogRecord)
     record.__dict__ = attributes
     return record
 

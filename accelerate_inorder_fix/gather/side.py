@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
+from .._call import InOrderCall
 from .._callsite import Identity
 from .._diagnostics import CallWarning, warn_every, warn_once
 from .._origin import Origin
@@ -22,25 +23,17 @@ from . import collector as _collector
 from . import queues, records
 
 
-def _capture(
-    adapter: Any,
-    level: int,
-    msg: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    origin: Origin,
-    identity: Optional[Identity] = None,
-) -> Optional[logging.LogRecord]:
+def _capture(call: InOrderCall) -> Optional[logging.LogRecord]:
     """`records.capture`, or None when building the record raises (a message whose `str` raises, an
     `extra` naming a LogRecord attribute, a filter that raises): the call still counts, and the loss is
-    said, each time, naming the call (`identity`, if known) and the rank."""
+    said, each time, naming the call (if numbered) and the rank."""
     try:
-        return records.capture(adapter, level, msg, args, kwargs, origin)
+        return records.capture(call.log, call.origin)
     except Exception as exc:
         warn_every(
             CallWarning(
-                _collector.describe(identity) if identity else "",
-                (origin.rank,),
+                _collector.describe(call.identity) if call.count else "",
+                (call.origin.rank,),
                 f"'s record could not be built ({exc!r})",
                 0,
                 "the record is lost; the call still counts on every rank",
@@ -69,13 +62,11 @@ def _print_here(record: Optional[logging.LogRecord], rank: int) -> None:
             )
 
 
-def print_in_child(
-    adapter: Any, level: int, msg: Any, args: tuple[Any, ...], kwargs: dict[str, Any], origin: Origin
-) -> None:
+def print_in_child(call: InOrderCall) -> None:
     """A forked child's in_order call (a DataLoader worker): printed here, since the store connection is its
     parent's. The child opens no side and touches no store, whenever it was forked."""
     warn_once("a forked process prints its own in_order records (the store connection is its parent's)")
-    _print_here(_capture(adapter, level, msg, args, kwargs, origin), origin.rank)
+    _print_here(_capture(call), call.origin.rank)
 
 
 class GatherSide:
@@ -112,22 +103,14 @@ class GatherSide:
             cleanup = connection.own_connection(timeout)
             self._outbox = queues.Outbox(store, rank, background=cleanup is not None, cleanup_store=cleanup)
 
-    def call(
-        self,
-        adapter: Any,
-        level: int,
-        msg: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        identity: Identity,
-        timeout: float,
-    ) -> None:
+    def call(self, call: InOrderCall) -> None:
         """One in_order call of this process: its record collected with the others' (main), or posted."""
-        record = _capture(adapter, level, msg, args, kwargs, self._origin, identity)
+        record = _capture(call)
+        identity = call.identity
         if self._collector is not None:
             if record is not None:
                 records.settle_message(record)  # a bad %-format shows as on the other ranks, not in a traceback
-            self._collect(adapter, identity, record, timeout)
+            self._collect(call.log.adapter, identity, record, call.timeout)
         else:
             self._post(identity, record)
 

@@ -10,7 +10,7 @@ from accelerate_inorder_fix.cli import launch as _launch
 
 
 SCRIPT = str(SCRIPTS / "rank_tags.py")
-BAD = {"ACCELERATE_INORDER_MODE": "bogus", "ACCELERATE_INORDER_TIMEOUT": "-1"}
+BAD = {"ACCELERATE_INORDER_MODE": "bogus", "ACCELERATE_INORDER_TIMEOUT": "-1", "ACCELERATE_INORDER_COLLAPSE": "maybe"}
 SAID = {name: f"accelerate-inorder-fix: {name}={value!r} is not valid" for name, value in BAD.items()}
 
 

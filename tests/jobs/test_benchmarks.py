@@ -9,6 +9,7 @@ launch no ranks are smoke-tested in tests/unit/test_benchmark_scripts.py.
 import re
 import sys
 
+import pytest
 from conftest import LATEST, REPO, accelerate_dir
 
 from accelerate_inorder_fix.cli import launch as _launch
@@ -42,11 +43,18 @@ def _run_script(script, *args):
     return job
 
 
-def test_bench_ab_pairs_the_working_tree_with_a_revision_in_one_job():
-    job = _run_script("bench_ab.py", "--base", "HEAD", "--ranks", "2", "--calls", "2", "--rounds", "1")
+@pytest.mark.parametrize(
+    "options,title",
+    [
+        ([], "2 ranks, barrier mode, base HEAD vs head,"),
+        (["--mode", "gather", "--collapse"], "2 ranks, gather mode, base HEAD vs head, collapse on,"),
+    ],
+)
+def test_bench_ab_pairs_the_working_tree_with_a_revision_in_one_job(options, title):
+    job = _run_script("bench_ab.py", "--base", "HEAD", "--ranks", "2", "--calls", "2", "--rounds", "1", *options)
     rows = [m.group(1) for m in map(re.compile(r"^\| (\w+) \| [\d.]+ \| [\d.]+ \| [\d.]+x \|$").match, job.lines) if m]
     assert rows == ["upstream", "base", "head"], job.lines
-    assert job.lines[0].startswith("2 ranks, base HEAD, 1 rounds of 2 calls"), job.lines
+    assert job.lines[0].startswith(title + " 1 rounds of 2 calls"), job.lines
     assert job.lines[-1].startswith("base / head: "), job.lines
 
 

@@ -87,6 +87,7 @@ def test_status_names_versions_body_and_outlook():
     assert "log body: known, the one of accelerate 1.13.0-1.15.x" in out
     assert "a Python process here gets the fix: yes" in out
     assert "mode: barrier (default)" in out
+    assert "collapse: off (default)" in out
     assert "start-up hook:" in out
 
 
@@ -114,6 +115,7 @@ GOOD = {
     "ACCELERATE_INORDER_TIMEOUT": "2.5",
     "ACCELERATE_INORDER_FIX": "on",
     "ACCELERATE_INORDER_FIX_STARTUP": "0",
+    "ACCELERATE_INORDER_COLLAPSE": " On ",
 }
 
 
@@ -124,12 +126,14 @@ GOOD = {
         ("ACCELERATE_INORDER_TIMEOUT", "-1"),
         ("ACCELERATE_INORDER_FIX", "of"),
         ("ACCELERATE_INORDER_FIX_STARTUP", "disable"),
+        ("ACCELERATE_INORDER_COLLAPSE", "maybe"),
     ],
 )
 def test_status_exits_2_naming_an_invalid_setting_and_0_when_every_setting_is_good(name, bad):
     good = cli("status", env=GOOD)
     assert good.returncode == 0, good.stdout + good.stderr
     assert "INVALID SETTING" not in good.stdout
+    assert "collapse: on (from ACCELERATE_INORDER_COLLAPSE)" in good.stdout
     result = cli("status", env={**GOOD, name: bad})
     assert result.returncode == 2, result.stdout + result.stderr
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("INVALID SETTING")]

@@ -1,6 +1,6 @@
 """A seeded schedule explorer for barrier mode: the real code, every interleaving a seed picks.
 
-Each rank is a thread running the product's own barrier-mode call (`barrier.turns.barrier_call`, which
+Each rank is a thread running the product's own barrier-mode call (`barrier.side.BarrierSide.call`, which
 checks in through `checkin.CheckIn` and then takes its turns by `handoff.Handoff`) over an in-memory store. Only one rank
 runs at a time: every store operation, delay and collective stops the rank and hands control to the
 scheduler, which picks the next operation to run at random (from the seed) among those that can run.
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import inspect
 import math
 import random
 import sys
@@ -58,6 +57,8 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from accelerate_inorder_fix import bounds  # noqa: E402
+from accelerate_inorder_fix._call import InOrderCall, LogArgs  # noqa: E402
+from accelerate_inorder_fix._origin import Origin  # noqa: E402
 from accelerate_inorder_fix.barrier import (
     checkin,  # noqa: E402
     handoff,  # noqa: E402
@@ -470,9 +471,8 @@ class Rank:
         self.sim, self.rank, self.n = sim, rank, sim.script.n
         self.side = checkin.CheckIn(Connection(sim, rank), rank, self.n, clock=sim.clock, reconnect=self._reconnect)
         # The product's own side (its check-in, turns and warnings), on this check-in: the virtual clock
-        self.barrier = side.BarrierSide(Connection(sim, rank), rank, self.n, reconnect=self._reconnect)
+        self.barrier = WatchedSide(self, Connection(sim, rank), rank, self.n, reconnect=self._reconnect)
         self.barrier.checkin = self.side
-        self.side.verdict = self._verdict  # type: ignore[method-assign]  # each verdict seen, as it is returned
         self.verdicts: list[checkin.Verdict] = []
         self.process_index, self.num_processes = rank, self.n
         self.logger = self
@@ -489,7 +489,7 @@ class Rank:
             raise ConnectionError("connection refused")
         return Connection(self.sim, self.rank)
 
-    # accelerate's PartialState, the adapter, its logger, and the session -- as `barrier_call` uses them
+    # accelerate's PartialState, the adapter and its logger -- as `BarrierSide.call` uses them
     def wait_for_everyone(self) -> None:
         if self.in_turns:
             self.sim.violations.append(f"rank {self.rank} entered a collective in the turns of {self.call_tag}")
@@ -500,6 +500,12 @@ class Rank:
 
     def process(self, msg: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         return msg, kwargs
+
+    def addFilter(self, f: Any) -> None:  # the record's `rank` and `hostname`: not looked at here
+        pass
+
+    def removeFilter(self, f: Any) -> None:
+        pass
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
         """The rank's log handler: it may die, be slow, or (`Script.nested_at`) log in_order itself, once."""
@@ -519,29 +525,9 @@ class Rank:
             self.sim.handling[key] = self.sim.handling.get(key, 0.0) + self.sim.now - began
         self.sim.events.append(("emit", self.rank, msg, self.sim.now))
 
-    def _verdict(self, site: Any, timeout: float, *more: Any, **named: Any) -> checkin.Verdict:
-        verdict = checkin.CheckIn.verdict(self.side, site, timeout, *more, **named)
-        self.verdicts.append(verdict)
-        return verdict
-
-    def check_in(self, state: Any, settings: Any, site: Any, record: Any) -> Any:
-        """The session's barrier-mode check-in (`BarrierSide.check_in`: the verdict, its warnings, the turns)."""
-        # the call its record belongs to: rank 0's handler may have made a nested call before this check-in
-        start, call, tag = self.sim.now, record.msg[1], self.call_tag
-        if self.deadline is not None and "deadline" in inspect.signature(self.barrier.check_in).parameters:
-            # a session whose first call's agreement and check-in share one deadline
-            outcome = self.barrier.check_in(site, T, record, deadline=self.deadline)
-        else:
-            outcome = self.barrier.check_in(site, T, record)
-        self.deadline = None
-        verdict = self.verdicts[-1]  # its own: a nested call made in its turn (on the wake) returns before it
-        gone = self.rank in self.sim.gone  # it could not read the verdict: what it followed is its own
-        self.sim.events.append(("verdict", self.rank, tag, verdict, start, self.sim.now, call, gone))
-        return outcome if isinstance(outcome, str) else Turns(self, outcome, start, tag, call)
-
     def call(self, letter: str) -> None:
         """One in_order call at site `letter`: the path the wrapper takes in barrier mode (the first call's mode
-        agreement, then `barrier_call`), timed from its start to its return."""
+        agreement, then `BarrierSide.call`), timed from its start to its return."""
         self.calls += 1
         site = SITES[letter]
         name = checkin.site_name(site)
@@ -551,8 +537,10 @@ class Rank:
         start, call, tag = self.sim.now, self.calls, self.call_tag
         if call == 1 and self.sim.script.agree:
             self.agree()
-        record = turns.Record(self, 20, (self.rank, call, letter), (), {})
-        turns.barrier_call(self, lambda: self.check_in(self, None, site, record), record)
+        log = LogArgs(self, 20, (self.rank, call, letter), (), {})
+        number = self.at_site[name]  # as the session numbers it: every call at the site is a barrier-mode one
+        self.barrier.call(InOrderCall(site, log, Origin(self.rank, "host", False), T, number, self.deadline))
+        self.deadline = None
         self.sim.events.append(("call", self.rank, tag, start, self.sim.now, call))
 
     def agree(self) -> None:
@@ -560,7 +548,7 @@ class Rank:
         connection: the main process publishes its word, every other rank waits for it up to T. A failure, or
         no word in time, leaves the rank on its own setting (barrier mode here, as everywhere in the explorer)."""
         start = self.sim.now
-        self.deadline = start + T  # the call's, for a check-in that takes it (`BarrierSide.check_in(deadline=)`)
+        self.deadline = start + T  # the call's, which its check-in keeps (`InOrderCall.deadline`)
         try:
             if self.rank == 0:
                 mode.publish_mode(self.side.store, "barrier")
@@ -587,6 +575,29 @@ class Rank:
             self.sim.violations.append(f"rank {self.rank} raised {exc!r}")
         finally:
             self.sim.finish(self.rank, died, self.calls)
+
+
+class WatchedSide(side.BarrierSide):
+    """The product's `BarrierSide`, watched: each check-in's verdict and time, each `go` call's turns."""
+
+    def __init__(self, rank: Rank, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rank = rank
+
+    def _check_in(self, call: InOrderCall, record: Any) -> tuple[checkin.Arrival, checkin.Verdict]:
+        rank = self.rank
+        # the call its record belongs to: rank 0's handler may have made a nested call before this check-in
+        start, number, tag = rank.sim.now, call.log.msg[1], rank.call_tag
+        arrival, verdict = super()._check_in(call, record)
+        rank.verdicts.append(verdict)
+        gone = rank.rank in rank.sim.gone  # it could not read the verdict: what it followed is its own
+        rank.sim.events.append(("verdict", rank.rank, tag, verdict, start, rank.sim.now, number, gone))
+        self.watch = (start, tag, number)
+        return arrival, verdict
+
+    def _take_turns(self, arrival: checkin.Arrival, record: Any) -> None:
+        start, tag, number = self.watch
+        Turns(self.rank, handoff.Handoff(self.checkin, arrival), start, tag, number).take_turns(record.emit)
 
 
 class Turns:
@@ -913,7 +924,7 @@ def _records(sim: Sim) -> list[str]:
 # -- mutations: the protocol broken on purpose; each must be caught by some invariant ------------------
 
 
-def _set_not_compare_set(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, tidy_later: bool = False) -> bytes:
+def _set_not_compare_set(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, later: Any = None) -> bytes:
     self.store.set(call.key, verdict)  # the last writer wins: ranks that read before it may disagree
     return verdict
 
@@ -932,7 +943,7 @@ def _tie_to_the_highest(
     return ours if (len(here), -max(here)) <= (len(there), -max(there)) else other
 
 
-def _delete_own_verdict(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, tidy_later: bool = False) -> bytes:
+def _delete_own_verdict(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, later: Any = None) -> bytes:
     blob = bytes(self.store.compare_set(call.key, "", verdict))
     self.store.delete_key(call.key)  # too early: a late rank re-creates the call and waits a whole timeout
     return blob
@@ -960,7 +971,7 @@ def _name_the_one_before(self: handoff.Handoff, m: int) -> int:
     return m  # whoever was waited for (even if it handed over just now), not the first rank whose handoff is missing
 
 
-def _no_skip_wake(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, tidy_later: bool = False) -> bytes:
+def _no_skip_wake(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, later: Any = None) -> bytes:
     blob = bytes(self.store.compare_set(call.key, "", verdict))  # the skip is not written to the handoff keys
     if blob == verdict and call.k > 1:
         self.store.delete_key(checkin.Call(call.site, call.k - 1).key)
@@ -978,14 +989,13 @@ def _peek_after_timeout(self: checkin.CheckIn, key: str, deadline: float) -> boo
     return checkin.peek(self.store, key) is not None  # wakes the key's other waiters, though it is not there
 
 
-_READ_VERDICT = checkin.CheckIn._read_verdict
-
-
-def _turn_before_wake(self: checkin.CheckIn, call: checkin.Call, deadline: float) -> Optional[bytes]:
-    if not self.woken and self.on_wake is not None:  # the turn taken before the wait, not on its wake
-        self.on_wake(call)
-        self.woken = True
-    return _READ_VERDICT(self, call, deadline)
+def _turn_before_wake(self: side.BarrierSide, call: InOrderCall, record: Any) -> Any:
+    if self.checkin.rank > 0:  # the turn taken before the check-in's wait, not on its wake
+        record.emit()
+        key = checkin.Call(checkin.site_name(call.site), call.count).handoff(self.checkin.rank)
+        self.checkin.store.set(key, checkin.HANDED)
+    arrival = self.checkin.arrive(call.site, call.count, call.timeout, call.deadline)
+    return arrival, self.checkin.settle(arrival)
 
 
 def _turns_by_barrier(self: handoff.Handoff, emit: Any) -> None:
@@ -996,18 +1006,18 @@ def _turns_by_barrier(self: handoff.Handoff, emit: Any) -> None:
             emit()
 
 
-def _named_not_absent(self: checkin.CheckIn, rank: int) -> None:
+def _named_not_absent(self: checkin.CheckIn, rank: int, deadline: float) -> None:
     return None  # a rank named for not handing over is waited for again at the next call: a death costs 2.5 T
 
 
 def _failed_rank_goes_alone(self: checkin.CheckIn, call: checkin.Call) -> checkin.Verdict:
-    return checkin.Verdict(False, "store", self.rank)  # no reconnect: it skips while the others may go
+    return checkin.Verdict(False, checkin.Why.STORE, self.rank)  # no reconnect: it skips while the others may go
 
 
 _DECIDE = checkin.CheckIn._decide
 
 
-def _keep_old_verdicts(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, tidy_later: bool = False) -> bytes:
+def _keep_old_verdicts(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, later: Any = None) -> bytes:
     return _DECIDE(self, checkin.Call(call.site, 1), verdict) if call.k == 1 else _decide_keeping(self, call, verdict)
 
 
@@ -1019,9 +1029,12 @@ def _decide_keeping(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -
     return blob
 
 
-def _emit_every_time(self: turns.Record) -> None:
-    self.out = True
-    self._emit()  # no "once": a turn taken on the wake and again after the check-in emits twice
+_EMIT = turns.EmitOnce.emit
+
+
+def _emit_every_time(self: turns.EmitOnce) -> None:
+    self.out = False  # no "once": a turn taken on the wake and again after the check-in emits twice
+    _EMIT(self)
 
 
 def _wait_without_deadline(self: checkin.CheckIn, key: str, deadline: float) -> bool:
@@ -1049,13 +1062,14 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "no-skip-wake": ("_decide", _no_skip_wake),
     "turns-by-barrier": ("handoff:take_turns", _turns_by_barrier),
     "peek-after-timeout": ("wait_for", _peek_after_timeout),
-    "turn-before-wake": ("_read_verdict", _turn_before_wake),
+    "turn-before-wake": ("side:_check_in", _turn_before_wake),
     "wall-clock": ("WALL", None),
 }
 
 
 def mutated(name: str) -> Any:
-    """A context in which `checkin.CheckIn` (or, "handoff:...", `handoff.Handoff`) carries mutation `name`."""
+    """A context in which `checkin.CheckIn` (or, "handoff:...", `handoff.Handoff`; "side:...",
+    `side.BarrierSide`) carries mutation `name`."""
     import contextlib
     from unittest import mock
 
@@ -1065,9 +1079,11 @@ def mutated(name: str) -> Any:
     if attribute == "WALL":
         return contextlib.nullcontext()
     if attribute == "RECORD":
-        return mock.patch.object(turns.Record, "__call__", replacement)
+        return mock.patch.object(turns.EmitOnce, "emit", replacement)
     if attribute == "GRACE":  # a rank past a break waits a whole timeout more, not a quarter
         return mock.patch.object(handoff, "GRACE", replacement)
+    if attribute.startswith("side:"):
+        return mock.patch.object(side.BarrierSide, attribute.partition(":")[2], replacement)
     if attribute.startswith("handoff:"):
         return mock.patch.object(handoff.Handoff, attribute.partition(":")[2], replacement)
     return mock.patch.object(checkin.CheckIn, attribute, replacement)

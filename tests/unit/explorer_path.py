@@ -70,7 +70,7 @@ from accelerate_inorder_fix import (
     bounds,  # noqa: E402
 )
 from accelerate_inorder_fix import session as session_module  # noqa: E402
-from accelerate_inorder_fix.barrier import turns  # noqa: E402
+from accelerate_inorder_fix._call import InOrderCall, LogArgs  # noqa: E402
 from accelerate_inorder_fix.barrier.side import BarrierSide  # noqa: E402
 from accelerate_inorder_fix.gather import collector as collector_module  # noqa: E402
 from accelerate_inorder_fix.gather import queues  # noqa: E402
@@ -294,7 +294,7 @@ class Actor:
         self.at_site: dict[str, int] = {}  # site letter -> this actor's calls there
         self.handled = 0.0  # seconds its handler spent in its own in_order calls (`PathScript.nested_at`)
 
-    # accelerate's PartialState, as the session and `barrier_call` use it
+    # accelerate's PartialState, as the session and `turns.PlainBarriers` use it
     def wait_for_everyone(self) -> None:
         self.sim.block(Request(self.actor, "collective", "turn"))
 
@@ -306,15 +306,13 @@ class Actor:
         msg = f"call {self.actor}.{self.thread}.{letter} {self.at_site[letter]}"
         adapter = self.process.adapter
         start, handled = sim.now, self.handled
-        with session.lock:
+        log = LogArgs(adapter, logging.INFO, msg, (), {})
+        call = InOrderCall(SITES[letter], log, session.origin(self), settings.timeout())
+        with session.lock:  # `InOrderSession.call`, with the mode its side stands for noted
             queued, start = sim.now - start, sim.now  # behind another thread's call: that call's wait, not this one's
-            site = SITES[letter]
-            agreed = session.mode(self, settings)
-            if agreed == "gather":
-                session.gather_call(self, settings, site, adapter, logging.INFO, msg, (), {})
-            else:
-                record = turns.Record(adapter, logging.INFO, msg, (), {}, session.origin(self))
-                turns.barrier_call(self, lambda: session.check_in(self, settings, site, record), record)
+            side = session.side(self, settings, call)
+            agreed = "gather" if isinstance(side, (gather_side.GatherSide, session_module._InChild)) else "barrier"
+            side.call(call)
         # A call the handler made inside this one is timed on its own, not as this call's wait
         sim.calls.append((self.actor, letter, agreed, start, sim.now - (self.handled - handled)))
         sim.events.append(("queued", self.actor, letter, queued))
@@ -407,7 +405,7 @@ class Process:
 
 
 class Adapter:
-    """accelerate's `MultiProcessAdapter`, as `records.capture` and `turns.Record` use it."""
+    """accelerate's `MultiProcessAdapter`, as `_call.log_for_this_call` uses it (in both modes)."""
 
     def __init__(self, logger: logging.Logger) -> None:
         self.logger = logger

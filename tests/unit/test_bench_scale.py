@@ -53,7 +53,7 @@ def test_legacy_protocol_gives_the_same_blocks_one_round_trip_per_step_per_rank(
     bench_scale._post_calls(outboxes, 1, 2)
     for count in (1, 2):
         collector.emit_call((bench_scale.SITE, count), bench_scale._record(count, 0))
-    assert seen == [f"step {c} r{r}" for c in (1, 2) for r in range(world_size)]
+    assert seen == [f"[RANK {r}] step {c} r{r}" for c in (1, 2) for r in range(world_size)]
     assert store.num_keys() == 0  # the old protocol's main process deleted every record it read
     assert [c for c in store.calls if c[0] == "delete_key"] == [("delete_key", 1)] * 6
     logger.handlers[:] = []

@@ -98,3 +98,10 @@ def test_plot_modes_draws_the_recorded_modes(tmp_path):
     target = tmp_path / "modes.png"
     _run("plot_modes.py", str(BENCHMARKS / "RESULTS-modes.json"), str(target))
     assert target.read_bytes().startswith(b"\x89PNG"), target
+
+
+def test_bench_collapse_prints_collapse_off_and_on_for_each_size():
+    job = _run("bench_collapse.py", "--ranks", "2,8", "--pairs", "1", "--records", "16")
+    rows = _table(job.lines, "| ranks |")
+    assert [row[0] for row in rows] == ["2", "8"]
+    assert all(float(cell) > 0 for row in rows for cell in row[1:]), rows

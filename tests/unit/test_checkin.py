@@ -181,8 +181,8 @@ def test_a_wall_clock_step_does_not_stretch_a_wait():
     "verdict",
     [
         checkin.Verdict(True),
-        checkin.Verdict(False, "timeout", 0, {1: "train.py:3:f/2", 2: ""}),
-        checkin.Verdict(False, "cycle", 2, {0: "x.py:1:g/1"}, "y.py:2:h/1"),
+        checkin.Verdict(False, checkin.Why.TIMEOUT, 0, {1: "train.py:3:f/2", 2: ""}),
+        checkin.Verdict(False, checkin.Why.CYCLE, 2, {0: "x.py:1:g/1"}, "y.py:2:h/1"),
     ],
 )
 def test_verdicts_travel_as_plain_text(verdict):
@@ -192,7 +192,7 @@ def test_verdicts_travel_as_plain_text(verdict):
 
 @pytest.mark.parametrize("blob", [b"", b"skip", b"skip {", b"skip []", b"\x00junk", b"GO", b'skip {"why": 1}'])
 def test_anything_else_in_a_verdict_key_reads_as_a_skip_that_names_nobody(blob):
-    assert checkin.Verdict.decode(blob) == checkin.Verdict(False, "damaged")
+    assert checkin.Verdict.decode(blob) == checkin.Verdict(False, checkin.Why.DAMAGED)
 
 
 def test_site_names_are_the_whole_site_so_two_sites_never_share_keys():
@@ -247,8 +247,8 @@ def test_junk_in_a_handoff_key_is_no_hang_no_loss(seed):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_a_go_call_costs_7n_minus_4_store_operations_and_takes_each_turn_on_the_wake(seed):
-    """Issue 27's protocol, counted: a rank that is not the go's writer emits inside its check-in, the moment
-    its wait ends (before its verdict is read), and a call costs 7N - 4 operations (a little more for the
+    """The handoff protocol, counted: a rank that is not the go's writer emits the moment its check-in's wait
+    ends, before its verdict is read (`BarrierSide._check_in`, between `arrive` and `settle`), and a call costs 7N - 4 operations (a little more for the
     go's writer, a little less for the first two calls, which delete nothing two calls back)."""
     n, calls = 4, 10
     sim, problems = run(loop(n, 1, ["A"] * calls, collective=False), seed)
@@ -418,7 +418,7 @@ def test_the_first_calls_mode_agreement_is_on_the_modelled_path_and_costs_nothin
 def test_a_handler_that_logs_in_order_in_its_turn_hangs_nothing_and_loses_no_record(n, seed):
     """Every rank's handler makes an in_order call (site H) while emitting its record of call 2 at A: rank 0
     before its check-in, the others in their turn. The nested calls cost a wait-for cycle, no hang, no loss,
-    no call over 1.5 T; the outer call keeps its own deadline and turn (`CheckIn.during_turn`)."""
+    no call over 1.5 T; the outer call keeps its own deadline and turn (its own `checkin.Arrival`)."""
     script = loop(n, 4, ["A"], collective=False)
     script.nested_at, script.divergences = 2, 1
     sim, problems = run(script, seed)

@@ -20,12 +20,17 @@ def alone(store):
     return checkin.CheckIn(store, 0, 2, reconnect=lambda: store)
 
 
+def first_verdict(side):
+    """The verdict of the side's first call at SITE (rank 0 takes no turn in its check-in)."""
+    return side.settle(side.arrive(SITE, 1, T))
+
+
 def test_a_forged_deeply_nested_verdict_is_a_damaged_skip_not_a_recursion_error():
     store = FakeStore()
     forged = checkin.SKIP + b'{"missing": ' + b"[" * 200_000
     store.set(checkin.Call(checkin.site_name(SITE), 1).key, forged)
-    assert checkin.Verdict.decode(forged) == checkin.Verdict(False, "damaged")
-    verdict = alone(store).verdict(SITE, T)  # f0a0bfc: RecursionError out of the check-in
+    assert checkin.Verdict.decode(forged) == checkin.Verdict(False, checkin.Why.DAMAGED)
+    verdict = first_verdict(alone(store))  # f0a0bfc: RecursionError out of the check-in
     assert not verdict.go and verdict.why == "damaged"
 
 
@@ -42,6 +47,6 @@ def test_a_marker_in_non_ascii_digits_leaves_the_wait_and_its_timeout_alone():
     store.set(checkin.MARK + "1", "other.py:3:f/²".encode())
     store.set("b/s/other.py:3:f/n", "²".encode())
     side = alone(store)
-    verdict = side.verdict(SITE, T)
+    verdict = first_verdict(side)
     assert (verdict.go, verdict.why, sorted(verdict.missing)) == (False, "timeout", [1])
     assert side._count(checkin.Call("other.py:3:f", 1)) == -1  # a counter in such digits is no count

@@ -1,4 +1,4 @@
-"""The gather-mode wire format (issue 13): records travel as data, never as code (pure logic, no ranks).
+"""The gather-mode wire format: records travel as data, never as code (pure logic, no ranks).
 
 What a user sees of a rank's record survives the trip; whatever else arrives from the store (a pickle,
 truncated or foreign bytes) is refused with `MalformedRecord`, without executing or importing
@@ -22,7 +22,8 @@ import time
 import pytest
 from conftest import REPO
 
-from accelerate_inorder_fix._origin import Origin, Stamping
+from accelerate_inorder_fix._call import InOrderCall, LogArgs, ThisCall
+from accelerate_inorder_fix._origin import Origin
 from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import queues, records
 
@@ -463,7 +464,7 @@ def test_no_pickle_marshal_or_eval_anywhere_in_the_package():
     assert len(list(PACKAGE.rglob("*.py"))) > 10  # the walk saw the package
 
 
-# -- where a record comes from (issue 28): its rank and host, checked against the queue it was read from --
+# -- where a record comes from: its rank and host, checked against the queue it was read from --
 
 
 def test_origin_tags_a_message_as_accelerate_1_13_does_and_never_twice():
@@ -499,13 +500,13 @@ def test_a_full_copy_claiming_another_rank_is_not_used():
     assert copies.CopyReader().decode(1, line) is None
 
 
-def test_stamping_sets_rank_and_hostname_on_this_threads_records_only_and_drops_none():
+def test_a_call_filter_stamps_rank_and_hostname_on_this_threads_records_only_and_drops_none():
     logger = logging.getLogger("aif.test.stamping")
     seen = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append((record.getMessage(), getattr(record, "rank", None)))
     logger.handlers[:], logger.propagate = [handler], False
-    stamping = Stamping(Origin(3, "node-c", several_hosts=True))
+    stamping = ThisCall(Origin(3, "node-c", several_hosts=True), keep=False)
     logger.addFilter(stamping)
     try:
         logger.warning("mine")
@@ -588,7 +589,13 @@ def test_a_record_that_cannot_be_built_is_said_each_time_naming_its_call_and_ran
     for count in (1, 2):
         assert (
             side._capture(
-                adapter, logging.INFO, _Unprintable(), (), {}, Origin(1, "node-a", False), (IDENTITY[0], count)
+                InOrderCall(
+                    IDENTITY[0],
+                    LogArgs(adapter, logging.INFO, _Unprintable(), (), {}),
+                    Origin(1, "node-a", False),
+                    1.0,
+                    count,
+                )
             )
             is None
         )

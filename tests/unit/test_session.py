@@ -14,7 +14,11 @@ import pytest
 from fake_store import FakeStore
 
 from accelerate_inorder_fix import session as session_module
+from accelerate_inorder_fix._call import InOrderCall, LogArgs
 from accelerate_inorder_fix._diagnostics import DIAGNOSTICS
+from accelerate_inorder_fix._origin import Origin
+from accelerate_inorder_fix.barrier.side import BarrierSide
+from accelerate_inorder_fix.barrier.turns import AT_ONCE, PlainBarriers
 from accelerate_inorder_fix.config import Settings
 from accelerate_inorder_fix.session import InOrderSession
 
@@ -41,6 +45,15 @@ def _settings(mode=None, timeout=0.2):
     settings = Settings()
     settings.configure(mode=mode, timeout=timeout)
     return settings
+
+
+def _call(rank=1, site=SITE, adapter=None, msg="hello", timeout=0.2):
+    """One in_order call, as the wrapper makes it (a quiet logger unless `adapter`)."""
+    if adapter is None:
+        logger = logging.getLogger("aif.test.session.quiet")
+        logger.handlers[:], logger.propagate = [logging.NullHandler()], False
+        adapter = logging.LoggerAdapter(logger, {})
+    return InOrderCall(site, LogArgs(adapter, logging.WARNING, msg, (), {}), Origin(rank, "node", False), timeout)
 
 
 def _sessions(store, n=2):
@@ -94,7 +107,7 @@ def test_no_store_means_plain_barriers_and_gather_falls_back_to_barrier_mode(cap
     assert (
         "gather mode needs a torch.distributed c10d store (torch.distributed has no default" in capsys.readouterr().err
     )
-    assert session.check_in(_rank(1), settings, SITE, lambda: None) == "plain"
+    assert isinstance(session.side(_rank(1), settings, _call()), PlainBarriers)
 
 
 def test_a_forked_process_is_not_a_rank_it_never_checks_in_nor_posts(capsys):
@@ -104,7 +117,7 @@ def test_a_forked_process_is_not_a_rank_it_never_checks_in_nor_posts(capsys):
     rank1.mode(_rank(1), settings)  # opens the store in this process
     rank1.after_fork_in_child()  # what os.fork runs in the child: the connection is its parent's
     assert rank1.forked()
-    assert rank1.check_in(_rank(1), settings, SITE, lambda: None) == "skip"
+    assert rank1.side(_rank(1), settings, _call()) is AT_ONCE
     assert "a forked process logs its in_order records at once" in capsys.readouterr().err
     assert not [key for key in store.data if key.startswith("b/")]  # it checked nothing in
     rank1.close()
@@ -123,7 +136,7 @@ def test_a_forked_process_in_gather_mode_prints_its_record_itself(capsys):
     handler.emit = lambda record: seen.append(record.getMessage())
     logger.handlers[:], logger.propagate = [handler], False
     adapter = logging.LoggerAdapter(logger, {})
-    rank1.gather_call(_rank(1), settings, SITE, adapter, logging.WARNING, "from the child", (), {})
+    rank1.call(_rank(1), settings, _call(adapter=adapter, msg="from the child"))
     assert seen == ["[RANK 1] from the child"]  # a gather-mode record names its rank wherever it is printed
     assert not [key for key in store.data if key.startswith("1/")]  # nothing posted on the parent's connection
     assert "a forked process prints its own in_order records" in capsys.readouterr().err
@@ -131,10 +144,18 @@ def test_a_forked_process_in_gather_mode_prints_its_record_itself(capsys):
         session.close()
 
 
-def test_call_counts_are_per_site_and_give_each_call_its_identity():
+def test_call_counts_are_per_site_and_mode_and_give_each_call_its_identity():
+    """Counted once, by the session, for both modes: each mode numbers its own calls at a site (the
+    check-in's keys and gather's blocks each start at call 1)."""
     (session,) = _sessions(FakeStore(), n=1)
+    settings = _settings("barrier")
     other = ("train.py", "step", 9)
-    assert [session.count(SITE), session.count(SITE), session.count(other), session.count(SITE)] == [1, 2, 1, 3]
+    calls = [_call(site=site) for site in (SITE, SITE, other, SITE)]
+    for call in calls:
+        assert isinstance(session.side(_rank(1, world_size=1), settings, call), BarrierSide)
+    assert [call.count for call in calls] == [1, 2, 1, 3]
+    assert [session._count("gather", SITE), session._count("barrier", SITE)] == [1, 4]
+    session.close()
 
 
 def test_a_skipped_first_call_costs_one_timeout_in_all_agreement_and_check_in_together(capsys):
@@ -142,8 +163,9 @@ def test_a_skipped_first_call_costs_one_timeout_in_all_agreement_and_check_in_to
     (rank1,) = _sessions(FakeStore(), n=1)
     settings = _settings("barrier", timeout=0.3)
     start = time.monotonic()
-    assert rank1.mode(_rank(1), settings) == "barrier"
-    assert rank1.check_in(_rank(1), settings, SITE, lambda: None) == "skip"
+    call = _call(timeout=0.3)
+    rank1.call(_rank(1), settings, call)
+    assert call.deadline is not None  # the agreement waited: the check-in kept its deadline
     assert time.monotonic() - start < 1.25 * 0.3  # f0a0bfc: the agreement's T, then the check-in's T
     assert "did not make it within 0.3 s" in capsys.readouterr().err
     rank1.close()
@@ -195,7 +217,7 @@ def test_after_close_a_call_logs_at_once_without_barriers(capsys):
     settings = _settings("barrier", timeout=0.05)
     rank1.mode(_rank(1), settings)
     rank1.close()
-    assert rank1.check_in(_rank(1), settings, SITE, lambda: None) == "skip"  # f0a0bfc: "plain", real barriers
+    assert rank1.side(_rank(1), settings, _call()) is AT_ONCE  # f0a0bfc: "plain", real barriers
     assert "in_order calls after this process's exit began are logged at once" in capsys.readouterr().err
 
 
@@ -217,7 +239,7 @@ def test_a_child_forked_while_a_thread_holds_the_lock_or_before_any_call_is_not_
     if pid == 0:  # the child: a bounded try, then out without running the parent's test machinery
         signal.alarm(5)
         ok = session.forked() and session.mode(_rank(1), settings) == "barrier"
-        ok = ok and session.check_in(_rank(1), settings, SITE, lambda: None) == "skip"
+        ok = ok and session.side(_rank(1), settings, _call()) is AT_ONCE
         os._exit(0 if ok else 1)
     release.set()
     thread.join()

@@ -144,11 +144,80 @@ def test_another_local_rank_uses_the_default_and_says_nothing(monkeypatch, capsy
 
 
 def test_setting_problems_names_every_bad_variable_and_nothing_else(monkeypatch):
-    for name, value in {config.MODE_ENV: "bogus", config.TIMEOUT_ENV: "-1", config.SWITCH_ENV: "of"}.items():
+    bad = {config.MODE_ENV: "bogus", config.TIMEOUT_ENV: "-1", config.COLLAPSE_ENV: "maybe", config.SWITCH_ENV: "of"}
+    for name, value in bad.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv(config.STARTUP_ENV, "OFF")  # a good word
     assert [(name, raw) for name, raw, _ in config.setting_problems()] == [
         (config.MODE_ENV, "bogus"),
         (config.TIMEOUT_ENV, "-1"),
+        (config.COLLAPSE_ENV, "maybe"),
         (config.SWITCH_ENV, "of"),
     ]
+
+
+@pytest.mark.parametrize(
+    "value,on",
+    [("1", True), (" ON ", True), ("true", True), ("Yes", True), (True, True), (1, True)]
+    + [("0", False), ("off", False), ("FALSE", False), ("no", False), (False, False), (0, False)],
+)
+def test_collapse_words(value, on):
+    assert config.parse_collapse(value) is on
+
+
+@pytest.mark.parametrize("value", ["", "2", "collapse", "of", None, 2, 1.0, [1]])
+def test_other_collapse_values_are_refused(value):
+    with pytest.raises(ValueError, match="collapse must be on or off"):
+        config.parse_collapse(value)
+
+
+def test_collapse_is_off_by_default_and_on_from_the_environment_or_configure(monkeypatch):
+    settings = config.Settings()
+    monkeypatch.delenv(config.COLLAPSE_ENV, raising=False)
+    assert (settings.collapse(), settings.collapse_source()) == (False, "default")
+    monkeypatch.setenv(config.COLLAPSE_ENV, "on")
+    assert (settings.collapse(), settings.collapse_source()) == (True, config.COLLAPSE_ENV)
+    monkeypatch.setenv(config.COLLAPSE_ENV, "0")  # off, said explicitly: from the variable, not the default
+    assert (settings.collapse(), settings.collapse_source()) == (False, config.COLLAPSE_ENV)
+    settings.configure(collapse=True)
+    assert (settings.collapse(), settings.collapse_source()) == (True, "configure()")
+    settings.configure(collapse=False)  # False overrides too: it is not "unset"
+    monkeypatch.setenv(config.COLLAPSE_ENV, "1")
+    assert (settings.collapse(), settings.collapse_source()) == (False, "configure()")
+    settings.reset()
+    assert settings.collapse() is True
+
+
+def test_bad_collapse_in_the_environment_falls_back_to_off_with_one_warning(monkeypatch, capsys):
+    settings = config.Settings()
+    raw = _bad("maybe")
+    monkeypatch.setenv(config.COLLAPSE_ENV, raw)
+    assert [settings.collapse() for _ in range(3)] == [False] * 3
+    assert settings.collapse_source() == "default"
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"accelerate-inorder-fix: {config.COLLAPSE_ENV}={raw!r}"), lines
+
+
+def test_bad_collapse_in_configure_raises_and_changes_nothing():
+    settings = config.Settings()
+    settings.configure(mode="gather", collapse=True)
+    with pytest.raises(ValueError, match="collapse must be on or off"):
+        settings.configure(mode="barrier", collapse="maybe")
+    assert (settings.mode(), settings.collapse()) == ("gather", True)
+
+
+def test_barrier_mode_says_once_that_collapse_applies_to_gather_mode_only(monkeypatch, capsys):
+    from accelerate_inorder_fix import _diagnostics
+
+    monkeypatch.setattr(_diagnostics, "DIAGNOSTICS", _diagnostics.Diagnostics())
+    monkeypatch.delenv(config.LOCAL_RANK_ENV, raising=False)
+    settings = config.Settings()
+    monkeypatch.setattr(config, "SETTINGS", settings)
+    monkeypatch.delenv(config.COLLAPSE_ENV, raising=False)
+    config.note_collapse_in_barrier_mode()
+    assert capsys.readouterr().err == ""  # off: nothing to say
+    settings.configure(collapse=True)
+    for _ in range(3):
+        config.note_collapse_in_barrier_mode()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "applies to gather mode only" in lines[0], lines

@@ -132,15 +132,15 @@ def _plain_wrapper_above(calls: list[str]) -> Callable[..., Any]:
 
 @pytest.fixture
 def ours_ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each in_order record our wrapper emits (its `Record`, which upstream's body never makes)."""
+    """Each in_order record our wrapper emits (its `EmitOnce`, which upstream's body never makes)."""
     seen: list[str] = []
 
-    class Spy(_wrapper.Record):
-        def __call__(self) -> None:
-            seen.append(str(self.msg))
-            super().__call__()
+    class Spy(_wrapper.EmitOnce):
+        def emit(self) -> None:
+            seen.append(str(self.log.msg))
+            super().emit()
 
-    monkeypatch.setattr(_wrapper, "Record", Spy)
+    monkeypatch.setattr(_wrapper, "EmitOnce", Spy)
     return seen
 
 

@@ -6,6 +6,11 @@ mode each rank prints its own). The last rank is slow before every 10th call, so
 waits for it there. A barrier after each call stands for a training step's collective. After calls
 16 and CALLS rank 0 prints how many keys the job's store holds.
 
+In gather mode MIXED more calls follow, twice: collapse off, then on (`configure(collapse=...)`, issue
+36). Their messages mix identical and different ones: `mixed <phase> <k> same` on every rank (k % 3 == 1),
+`... odd` on odd ranks (k % 3 == 2), `... group` on ranks 0-3 and 6 (k % 3 == 0), and `... from r<rank>`
+on each other rank.
+
 In barrier mode each rank waits, before each count, until its check-in's deletes have run (they run
 in a thread of their own), so the count is of what the protocol leaves, not of what is in flight.
 
@@ -22,6 +27,14 @@ import accelerate_inorder_fix
 
 CALLS = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 MODE = sys.argv[2] if len(sys.argv) > 2 else "gather"
+MIXED = 6
+SHARED = {1: "same", 2: "odd", 0: "group"}  # k % 3 -> what the ranks that share a message say
+
+
+def mixed_message(phase, k, rank):
+    """Rank `rank`'s message at mixed call `k`: shared with other ranks, or its own."""
+    shares = (k % 3 == 1) or (k % 3 == 2 and rank % 2 == 1) or (k % 3 == 0 and rank in (0, 1, 2, 3, 6))
+    return f"mixed {phase} {k} {SHARED[k % 3] if shares else f'from r{rank}'}"
 
 
 def say(line):
@@ -58,6 +71,12 @@ def main():
             dist.barrier()  # every rank has posted (and cleaned up after) this call
             if rank == 0:
                 say(f"@@KEYS after={call} keys={distributed_c10d._get_default_store().num_keys()}")
+    if MODE == "gather":
+        for phase in ("off", "on"):
+            accelerate_inorder_fix.configure(collapse=phase == "on")
+            for k in range(1, MIXED + 1):
+                log.info(mixed_message(phase, k, rank), in_order=True)
+                dist.barrier()
     dist.barrier()
     if rank == 0:
         say(f"@@MAIN ms_per_call={1e3 * in_order_seconds / CALLS:.2f}")  # for the benchmark notes only

@@ -343,9 +343,17 @@ def main(names):
     if os.environ.get("AIF_OLD_STORE") == "1":
         _without_clone_and_append()
     if os.environ.get("AIF_NO_CHECKIN") == "1":
+        from accelerate_inorder_fix.barrier.side import BarrierSide
+        from accelerate_inorder_fix.barrier.turns import PlainBarriers
         from accelerate_inorder_fix.session import InOrderSession
 
-        InOrderSession.check_in = lambda self, state, settings, site, record: "plain"
+        chosen = InOrderSession.side
+
+        def plain_barriers(self, state, settings, call):  # the mode still agreed; its check-in never made
+            side = chosen(self, state, settings, call)
+            return PlainBarriers(state) if isinstance(side, BarrierSide) else side
+
+        InOrderSession.side = plain_barriers
     from accelerate.logging import get_logger
 
     state = PartialState(cpu=True)
