@@ -284,16 +284,16 @@ def speaks_for_host() -> bool:
 def _say_bad_setting(name: str, raw: str, text: str) -> None:
     """A bad value, said once per process and variable, by the host's local main process only."""
     if speaks_for_host():
-        warn_once(("setting", name, raw), text)
+        warn_once(text, key=("setting", name, raw))
 
 
 def note_collapse_in_barrier_mode() -> None:
     """Barrier mode: if collapse is on (`SETTINGS`), say once (per host) that it applies to gather mode only."""
     if SETTINGS.collapse() and speaks_for_host():
         warn_once(
-            ("collapse", "barrier"),
             f"collapse ({COLLAPSE_ENV} or configure(collapse=True)) applies to gather mode only; "
             "in barrier mode each rank prints its own records",
+            key=("collapse", "barrier"),
         )
 
 

@@ -47,7 +47,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from ._call import InOrderCall
 from ._callsite import Site
-from ._diagnostics import warn_once
+from ._diagnostics import CallWarning, warn_once
 from ._origin import Origin
 from .barrier.side import BarrierSide
 from .barrier.turns import AT_ONCE, PlainBarriers
@@ -55,10 +55,6 @@ from .config import MODE_ENV, SETTINGS, Settings, note_collapse_in_barrier_mode,
 from .gather.side import GatherSide, print_in_child
 from .store import connection, mode, teardown
 from .store.connection import Store
-
-
-def _warn(text: str) -> None:
-    warn_once(("session", text), text)
 
 
 class Side(Protocol):
@@ -125,14 +121,14 @@ class InOrderSession:
             if self._child:  # not a rank: the store connection is its parent's
                 if agreed == "gather":
                     return _InChild()
-                _warn("a forked process logs its in_order records at once, without barriers (it is not a rank)")
+                warn_once("a forked process logs its in_order records at once, without barriers (it is not a rank)")
                 return AT_ONCE
             call.count = self._count(agreed, call.site)
             if agreed == "gather" and self._gather is not None:  # `mode` says gather only with a side
                 return self._gather
             note_collapse_in_barrier_mode()
             if self._closed:
-                _warn("in_order calls after this process's exit began are logged at once, without barriers")
+                warn_once("in_order calls after this process's exit began are logged at once, without barriers")
                 return AT_ONCE
             if self._store is None:
                 return PlainBarriers(state)
@@ -211,16 +207,16 @@ class InOrderSession:
             if main is None:
                 main = mode.read_mode(store, self._wait_left())
         except Exception as exc:  # the store failed: nothing to agree through
-            _warn(f"rank {rank}: could not read the main process's in_order mode ({exc!r}); using {own} mode")
+            warn_once(f"rank {rank}: could not read the main process's in_order mode ({exc!r}); using {own} mode")
             return own
         if main not in ("barrier", "gather"):
-            _warn(
+            warn_once(
                 f"rank {rank}: the main process did not publish its in_order mode within {settings.timeout():g} s "
                 f"(ACCELERATE_INORDER_TIMEOUT); using this rank's setting, {own} mode"
             )
             return own
         if main != own:
-            _warn(
+            warn_once(
                 f"rank {rank}: in_order mode setting {own!r} (from {settings.mode_source()}) differs from the "
                 f"main process's; using the main process's mode, {main}"
             )
@@ -260,7 +256,7 @@ class InOrderSession:
             return agreed
         self._unconfirmed = False
         if main != agreed and main in ("barrier", "gather"):
-            _warn(
+            warn_once(
                 f"rank {state.process_index}: the main process changed its in_order mode from {agreed} to {main} "
                 "alone, after the job's process group started; following it from this call (a mode change must be "
                 "made on every rank)"
@@ -287,14 +283,20 @@ class InOrderSession:
             main = mode.read_mode(store, self._wait_left(), self._switches)
         except Exception as exc:  # the store failed: the switch cannot be agreed on
             main = None
-            _warn(f"rank {rank}: could not read the main process's in_order mode ({exc!r})")
+            warn_once(f"rank {rank}: could not read the main process's in_order mode ({exc!r})")
         if main in ("barrier", "gather"):
             return main
         self._switches -= 1  # not made on the main process: its next switch is still this number
-        _warn(
-            f"rank {rank}: configure(mode={own!r}) (or {MODE_ENV}) was not made on the main process within "
-            f"{settings.timeout():g} s (ACCELERATE_INORDER_TIMEOUT); this rank keeps the job's in_order mode, "
-            f"{current}. A mode switch must be made on every rank, before the same in_order call."
+        warn_once(
+            CallWarning(
+                "",  # the site is not known here: the switch shows at the first call after it
+                (rank,),
+                f"switched to {own} mode (configure(mode=...) or {MODE_ENV}) and the main process did not within "
+                f"{settings.timeout():g} s (ACCELERATE_INORDER_TIMEOUT)",
+                settings.timeout(),
+                f"the switch is refused: this rank keeps the job's in_order mode, {current}",
+                "a mode switch must be made on every rank, before the same in_order call",
+            )
         )
         return current
 
@@ -341,7 +343,7 @@ class InOrderSession:
             with self.lock:
                 if not self._gather_tried:
                     if self._store is None:
-                        _warn(
+                        warn_once(
                             f"gather mode needs a torch.distributed c10d store ({self._store_reason}); using barrier mode"
                         )
                     else:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .._diagnostics import warn_once
+from .._diagnostics import TIMEOUT_ENV, CallWarning, site_text, warn_once
 from ..store.connection import peek
 from .checkin import HANDED, Arrival, CheckIn
 
@@ -89,7 +89,14 @@ class Handoff:
                 self._receive(self.last)
         except Exception as exc:  # noqa: BLE001 -- the store failed under us: the record goes out all the same
             warn_once(
-                ("handoff", type(exc)), f"rank {self.rank}: an in_order handoff failed, logging unordered: {exc!r}"
+                CallWarning(
+                    site_text(self.call.site),
+                    (self.rank,),
+                    f"lost its turn's handoff to the store ({exc!r})",
+                    None,
+                    "this rank's record is printed at once, unordered",
+                ),
+                key=("handoff", type(exc)),
             )
             emit()
 
@@ -128,15 +135,24 @@ class Handoff:
         self.side.named(missing, self.deadline)
         then = "takes its turn and hands over" if self.rank > missing else "returns"
         warn_once(
-            ("handoff", self.call.site, missing),
-            f"in_order call at {self.call.site} (call {self.call.k}): rank {missing} did not hand over its turn "
-            "within ACCELERATE_INORDER_TIMEOUT (it died, or its log handlers hang); "
-            f"rank {self.rank} {then} without it",
+            CallWarning(
+                f"{site_text(self.call.site)} (call {self.call.k} from there)",
+                (missing,),
+                f"did not hand over its turn within {TIMEOUT_ENV} (it died, or its log handlers hang)",
+                self.grace / GRACE,
+                f"rank {self.rank} {then} without it; the records of ranks after rank {missing} may be out of order",
+            ),
+            key=("handoff", self.call.site, missing),
         )
 
     def _say_damaged(self, m: int) -> None:
         warn_once(
-            ("handoff-damaged", self.call.site),
-            f"rank {self.rank}: the in_order handoff of rank {m} at {self.call.site} held something else; "
-            "this call's records may be out of rank order",
+            CallWarning(
+                site_text(self.call.site),
+                (m,),
+                "left a handoff in the job's store that holds something else",
+                0,
+                "this call's records may be out of rank order",
+            ),
+            key=("handoff-damaged", self.call.site),
         )

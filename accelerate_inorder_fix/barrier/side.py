@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from .._call import InOrderCall
 from .._callsite import Site
-from .._diagnostics import warn_once
+from .._diagnostics import COLLECTIVE, TIMEOUT_ENV, CallWarning, site_text, warn_once
 from ..store.connection import Store
 from .checkin import Arrival, CheckIn, Verdict, Why
 from .handoff import Handoff
@@ -63,38 +63,49 @@ class BarrierSide:
 
 def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> None:
     """One line per diverged site and rank that has something to say; a retired site says nothing more."""
-    where = f"{site[0]}:{site[2]} ({site[1]})"
+    where = site_text(site)
     rank = side.rank
-    tail = "logged unordered, without barriers, here and at every later in_order call from this line"
-    named = ", ".join(map(str, sorted(verdict.missing)))
+    tail = "this call's records are printed unordered on each rank, and so are those of every later in_order call from this line"
+    named = tuple(sorted(verdict.missing))
     callers = [q for q in range(side.world_size) if q not in verdict.missing]
     speaker = verdict.decider if verdict.decider in callers else (callers[:1] or [rank])[0]
     if verdict.why is Why.DAMAGED:
-        text = f"rank {rank}: the in_order check-in at {where} found something else in the job's store; {tail}"
+        text = CallWarning(where, (rank,), "found something else in the job's store at its check-in", None, tail)
     elif verdict.why is Why.STORE:
-        text = f"rank {rank}: the in_order check-in at {where} lost rank {verdict.decider}'s store connection; {tail}"
+        text = CallWarning(where, (verdict.decider,), "lost its store connection during the check-in", None, tail)
     elif rank in verdict.missing:
-        text = f"rank {rank}: the in_order call at {where} had been given up before this rank made it; {tail}"
+        text = CallWarning(where, (rank,), "came after the call had been given up", 0, tail, COLLECTIVE)
     elif rank != speaker or verdict.why is Why.RETIRED:
         return
     elif verdict.why is Why.CYCLE:
-        text = (
-            f"in_order call at {where}: rank(s) {named} had not made it and were waiting at another in_order call "
-            f"({verdict.other}) for the ranks here; given up halfway through the wait so that one could go on; {tail}"
+        text = CallWarning(
+            where,
+            named,
+            f"had not made it, waiting at another in_order call ({verdict.other}) for the ranks here",
+            timeout / 2,
+            f"the call was given up halfway through the wait so that the other could go on; {tail}",
+            COLLECTIVE,
         )
     elif verdict.why is Why.TIMEOUT and not verdict.missing:
-        text = (
-            f"in_order call at {where}: every rank came to it, but one stopped in its check-in (it died, or hangs) "
-            f"and the call was not decided within {timeout:g} s (ACCELERATE_INORDER_TIMEOUT); {tail}."
+        text = CallWarning(
+            where,
+            (),
+            f"every rank came to it, but one stopped in its check-in (it died, or hangs) and the call was not "
+            f"decided within {timeout:g} s ({TIMEOUT_ENV})",
+            timeout,
+            tail,
         )
     elif verdict.why is Why.ABSENT:
-        text = (
-            f"in_order call at {where}: rank(s) {named} had not made it, missing since an earlier in_order call "
-            f"and not back within half of ACCELERATE_INORDER_TIMEOUT ({timeout:g} s) in all; {tail}."
+        text = CallWarning(
+            where,
+            named,
+            f"had not made it, missing since an earlier in_order call and not back within half of {TIMEOUT_ENV} in all",
+            timeout / 2,
+            tail,
+            COLLECTIVE,
         )
     else:
-        text = (
-            f"in_order call at {where}: rank(s) {named} did not make it within {timeout:g} s "
-            f"(ACCELERATE_INORDER_TIMEOUT); {tail}. An in_order call is collective: every rank must make it."
+        text = CallWarning(
+            where, named, f"did not make it within {timeout:g} s ({TIMEOUT_ENV})", timeout, tail, COLLECTIVE
         )
-    warn_once(("checkin", site), text)
+    warn_once(text, key=("checkin", site))

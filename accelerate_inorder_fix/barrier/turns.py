@@ -38,7 +38,7 @@ class EmitOnce:
         try:
             log_for_this_call(self.log, ThisCall(self.origin, keep=False))
         except Exception as exc:
-            warn_once(("emit", type(exc)), f"a log record could not be emitted: {exc!r}")
+            warn_once(f"a log record could not be emitted: {exc!r}", key=("emit", type(exc)))
 
 
 class AtOnce:
@@ -56,7 +56,7 @@ def _barrier(state: Any) -> bool:
     try:
         state.wait_for_everyone()
     except Exception as exc:
-        warn_once(("barrier", type(exc)), f"in_order synchronisation failed, logging unordered: {exc!r}")
+        warn_once(f"in_order synchronisation failed, logging unordered: {exc!r}", key=("barrier", type(exc)))
         return False
     return True
 

@@ -76,7 +76,7 @@ def judge(name: str, nproc: int, job: Job) -> Outcome:
     if not job.lines and job.killed == "timeout":
         tail = job.stderr.strip().splitlines()[-1:] or ["nothing on stderr either"]
         return Outcome("never started", f"no rank printed anything before the hard deadline; {tail[0]}")
-    verdict, detail = scenarios.check(name, nproc, job.lines)
+    verdict, detail = scenarios.check(name, nproc, [*job.lines, *job.stderr.splitlines()])  # warnings: stderr
     if verdict == "deadlock":
         stuck = sorted(set(range(nproc)) - finished)
         how = "its output stopped" if job.killed == "stall" else "its hard deadline passed"
@@ -97,9 +97,9 @@ def judge(name: str, nproc: int, job: Job) -> Outcome:
     return Outcome(words.get(verdict, verdict), detail, ok=verdict == "ordered")
 
 
-# The package's warning about the `partial` call (gather mode: "... in partial (call 1 ...";
-# barrier mode's check-in: "... scenarios.py:173 (partial): ...").
-_PARTIAL_WARNING = re.compile(r"accelerate-inorder-fix: .*(?: in partial \(call |\(partial\))")
+# The package's warning about the `partial` call (gather mode: "... scenarios.py:173 in partial (call 1 ...";
+# barrier mode's check-in: "... scenarios.py:173 in partial: ...").
+_PARTIAL_WARNING = re.compile(r"accelerate-inorder-fix: in_order call at .* in partial(?: \(call \d+ from there\))?: ")
 
 
 def partial_word(job: Job) -> str:

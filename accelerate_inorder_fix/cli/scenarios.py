@@ -12,7 +12,7 @@ implementation prints the ranks in reverse: the order checks cannot pass by luck
 
 Every rank calls in these scenarios, so no rank may be reported missing and no call may take long: each
 rank times its in_order calls and reports its slowest (`slowest_call`); `check` fails a run with a
-"no record from rank" warning or a call slower than `call_bound(nproc)`, well below gather mode's
+"sent no record" warning or a call slower than `call_bound(nproc)`, well below gather mode's
 timeout, so a rank that stops posting its empty marker shows at once, not through a watchdog.
 """
 
@@ -327,11 +327,11 @@ def check(name: str, nproc: int, lines: list[str]) -> tuple[str, str]:
     return "ordered", ""
 
 
-WARNING = re.compile(r"accelerate-inorder-fix: .*no record from rank\(s\) (?P<ranks>[\d, ]+) within")
+WARNING = re.compile(r"accelerate-inorder-fix: in_order call at .*: ranks? (?P<ranks>[\d, ]+) sent no record within")
 
 
 def _named_missing(lines: list[str], name: str) -> Optional[str]:
-    """The first "no record from rank" warning about scenario `name`'s calls (or about no call), else None."""
+    """The first "sent no record" warning about scenario `name`'s calls (or about no call), else None."""
     functions = set(CHECK_SCENARIOS)
     if name in PARTIAL:  # its ranks are missing by design: the warning is the point
         return None

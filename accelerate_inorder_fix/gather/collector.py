@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from typing import Callable, Optional, Protocol, runtime_checkable
 
 from .._callsite import Identity, Site
-from .._diagnostics import warn_every
+from .._diagnostics import COLLECTIVE, TIMEOUT_ENV, CallWarning, ranks_text, warn_every
 from ..config import SETTINGS
 from ..store.connection import SHORTEST_WAIT
 from . import collapse as _collapse
@@ -123,7 +123,7 @@ class Collector:
     made into a record when the block goes out), or None (the rank's empty marker: nothing to print).
     """
 
-    def __init__(self, source: RecordSource, world_size: int, timeout: float, warn: Callable[[str], None]) -> None:
+    def __init__(self, source: RecordSource, world_size: int, timeout: float, warn: Callable[[str], object]) -> None:
         self.source = source
         self.world_size = world_size
         self.timeout = timeout
@@ -145,7 +145,15 @@ class Collector:
             if current is None:
                 self.warn(text)
                 return
-            self.warn(f"{text} and counted as rank {rank}'s empty record of the call at {describe(current)}")
+            self.warn(
+                CallWarning(
+                    describe(current),
+                    (rank,),
+                    f"sent something that is not an in_order record ({item})",
+                    0,
+                    f"it was ignored and counted as rank {rank}'s empty record of this call",
+                ).render()
+            )
             item = current, None
         identity, record = item
         self._hear(rank, identity[0])
@@ -255,7 +263,15 @@ class Collector:
         try:
             self._collect(identity, block)
         except Exception as exc:  # the store went away: what was collected still goes out
-            self.warn(f"in_order call at {describe(identity)}: could not read the other ranks' records ({exc!r})")
+            self.warn(
+                CallWarning(
+                    describe(identity),
+                    (),
+                    f"the main process could not read the other ranks' records ({exc!r})",
+                    None,
+                    "what was collected is printed, in rank order",
+                ).render()
+            )
         self.pending.pop(identity, None)
         site, count = identity
         self.made[site] = max(count, self.made.get(site, 0))
@@ -264,7 +280,7 @@ class Collector:
             self._hear(rank, site)
         missing = [r for r in range(self.world_size) if r not in block]
         if missing:
-            self._missed(identity, missing)
+            self._missed(identity, missing, block)
         self._release_others_only()
 
     def _release_others_only(self) -> None:
@@ -286,25 +302,25 @@ class Collector:
                 if not ranks:
                     continue
                 self.warn(
-                    f"in_order call at {where(site)}: rank(s) "
-                    f"{', '.join(map(str, ranks))} make it and the main process has not within {self.timeout:g} s "
-                    "(ACCELERATE_INORDER_TIMEOUT); their records from there are emitted as they arrive, on their "
-                    "own. An in_order call is collective: every rank must make it."
+                    CallWarning(
+                        where(site),
+                        tuple(ranks),
+                        f"made it and the main process has not within {self.timeout:g} s ({TIMEOUT_ENV})",
+                        self.timeout,
+                        "their records held for it are printed now, and their later records from there as they "
+                        "arrive, each on its own",
+                        COLLECTIVE,
+                    ).render()
                 )
 
-    def _missed(self, identity: Identity, missing: list[int]) -> None:
+    def _missed(self, identity: Identity, missing: list[int], block: Block) -> None:
         """`missing` missed the call `identity`: absent at its site; quiet if nothing of theirs came meanwhile.
 
         One warning, when a rank among them was waited for a whole timeout (not absent there, not quiet).
         """
         absent = self.absent.setdefault(identity[0], set())
         if any(r not in absent and r not in self.quiet for r in missing):
-            self.warn(
-                f"in_order call at {describe(identity)}: no record from rank(s) "
-                f"{', '.join(map(str, missing))} within {self.timeout:g} s (ACCELERATE_INORDER_TIMEOUT); "
-                "the other ranks' records are above, in rank order. A record that arrives later is "
-                "emitted on its own."
-            )
+            self.warn(absence_warning(identity, missing, block, self.timeout).render())
         absent.update(missing)
         for rank in missing:
             if rank not in self._heard:
@@ -321,8 +337,13 @@ class Collector:
     def _dropped(rank: int, identity: Identity, exc: Exception) -> None:
         """Say, each time (rate-limited), that a handler or filter of the main process raised on a record."""
         warn_every(
-            f"in_order call at {describe(identity)}: rank {rank}'s record reached only the main process's "
-            f"handlers before the one that raised (the block's other records are not affected): {exc!r}"
+            CallWarning(
+                describe(identity),
+                (rank,),
+                f"'s record reached only the main process's handlers before the one that raised ({exc!r})",
+                0,
+                "the block's other records are not affected",
+            )
         )
 
     def _emit_block(self, block: Block, identity: Identity) -> None:
@@ -418,15 +439,24 @@ def exit_summary(leftovers: list[tuple[Identity, Block]]) -> str:
     return "\n".join(lines)
 
 
-def warning_record(name: str, text: str) -> logging.LogRecord:
-    """A WARNING record for the main process's handlers, from this package."""
-    return logging.makeLogRecord(
-        {
-            "name": name,
-            "levelno": logging.WARNING,
-            "levelname": "WARNING",
-            "msg": f"accelerate-inorder-fix: {text}",
-            "args": None,
-            "funcName": "accelerate_inorder_fix",
-        }
+def absence_warning(identity: Identity, missing: list[int], block: Block, timeout: float) -> CallWarning:
+    """The warning for ranks that sent no record of a call within the timeout; it says what was printed.
+
+    Args:
+        identity: the call; `missing`: the ranks without a record; `block`: what the call printed (None: nothing).
+        timeout: what the main process waited, in seconds.
+    """
+    printed = [rank for rank, entry in block.items() if entry is not None]
+    done = (
+        f"this call's records of {ranks_text(printed)} were printed without them, in rank order"
+        if printed
+        else "nothing was printed for this call (no rank that made it had a record to print)"
+    )
+    return CallWarning(
+        describe(identity),
+        tuple(missing),
+        f"sent no record within {timeout:g} s ({TIMEOUT_ENV})",
+        timeout,
+        f"{done}; a record of theirs that arrives later is printed on its own",
+        COLLECTIVE,
     )

@@ -15,16 +15,12 @@ from typing import Any, Callable, Optional
 
 from .._call import InOrderCall
 from .._callsite import Identity
-from .._diagnostics import warn_every, warn_once
+from .._diagnostics import CallWarning, warn_every, warn_once
 from .._origin import Origin
 from ..store import connection
 from ..store.connection import Store
 from . import collector as _collector
 from . import queues, records
-
-
-def _warn(text: str) -> None:
-    warn_once(("gather", text), text)
 
 
 def _capture(call: InOrderCall) -> Optional[logging.LogRecord]:
@@ -34,8 +30,15 @@ def _capture(call: InOrderCall) -> Optional[logging.LogRecord]:
     try:
         return records.capture(call.log, call.origin)
     except Exception as exc:
-        what = f"in_order call at {_collector.describe(call.identity)}" if call.count else "an in_order call"
-        warn_every(f"{what}: rank {call.origin.rank}'s record could not be built and is lost: {exc!r}")
+        warn_every(
+            CallWarning(
+                _collector.describe(call.identity) if call.count else "",
+                (call.origin.rank,),
+                f"'s record could not be built ({exc!r})",
+                0,
+                "the record is lost; the call still counts on every rank",
+            )
+        )
         return None
 
 
@@ -49,15 +52,20 @@ def _print_here(record: Optional[logging.LogRecord], rank: int) -> None:
             records.emit(record)
         except Exception as exc:
             warn_every(
-                f"in_order call at {record.filename}:{record.lineno} in {record.funcName}: rank {rank}'s record, "
-                f"printed on its own rank, reached only the handlers before the one that raised: {exc!r}"
+                CallWarning(
+                    f"{record.filename}:{record.lineno} in {record.funcName}",
+                    (rank,),
+                    f"'s record, printed on its own rank, reached only the handlers before the one that raised ({exc!r})",
+                    0,
+                    "the handlers after it did not get the record",
+                )
             )
 
 
 def print_in_child(call: InOrderCall) -> None:
     """A forked child's in_order call (a DataLoader worker): printed here, since the store connection is its
     parent's. The child opens no side and touches no store, whenever it was forked."""
-    _warn("a forked process prints its own in_order records (the store connection is its parent's)")
+    warn_once("a forked process prints its own in_order records (the store connection is its parent's)")
     _print_here(_capture(call), call.origin.rank)
 
 
@@ -84,13 +92,12 @@ class GatherSide:
     ) -> None:
         self._outbox: Optional[queues.Outbox] = None
         self._collector: Optional[_collector.Collector] = None
-        self._logger_name = "root"
         self._main_gone = False
         self._origin = origin
         self._reconnect = reconnect
         if rank == 0:
             inbox = queues.StoreInbox(store, world_size)
-            self._collector = _collector.Collector(inbox, world_size, timeout, self._warning)
+            self._collector = _collector.Collector(inbox, world_size, timeout, warn_every)
         else:
             # The clean-up thread's own connection; without one (no `Store.clone`), no thread.
             cleanup = connection.own_connection(timeout)
@@ -109,24 +116,15 @@ class GatherSide:
         else:
             self._post(identity, record)
 
-    def _warning(self, text: str) -> None:
-        """The main process's warning about a block: to its stream, through the in_order logger."""
-        record = _collector.warning_record(self._logger_name, text)
-        try:
-            records.emit(record)
-        except Exception as exc:  # a broken handler: say it on stderr rather than lose it
-            _warn(f"{text} (handler failed: {exc!r})")
-
     def _collect(self, adapter: Any, identity: Identity, record: Optional[logging.LogRecord], timeout: float) -> None:
         collector = self._collector
         if collector is None:  # `call` saw it; only `close`, under the session's lock, drops it
             return
-        self._logger_name = adapter.logger.name
         collector.timeout = timeout  # `configure(timeout=...)` may come later
         try:
             collector.emit_call(identity, record)
         except Exception as exc:  # not expected: the block handles the store and the handlers itself
-            _warn(f"gather mode could not collect the other ranks' records: {exc!r}")
+            warn_once(f"gather mode could not collect the other ranks' records: {exc!r}")
 
     def _post(self, identity: Identity, record: Optional[logging.LogRecord]) -> None:
         if not self._main_gone:
@@ -142,9 +140,11 @@ class GatherSide:
                     return
                 if self._send(self._outbox, payload, document):
                     return
-                _warn("the main process has finished; this rank prints its own in_order records from now on")
+                warn_once("the main process has finished; this rank prints its own in_order records from now on")
             except Exception as exc:  # undeliverable: print it here rather than lose it
-                _warn(f"gather mode could not send a record to the main process, printing it on this rank: {exc!r}")
+                warn_once(
+                    f"gather mode could not send a record to the main process, printing it on this rank: {exc!r}"
+                )
             self._main_gone = True
         self._print_here(record)
 
@@ -169,18 +169,24 @@ class GatherSide:
                 delivered = outbox.resend(self._reconnect(), n, payload)
             except Exception:
                 raise exc from None  # the post's own error says why the record is printed here
-            _warn(f"gather mode's store connection failed during a post ({exc!r}); a fresh connection settled it")
+            warn_once(f"gather mode's store connection failed during a post ({exc!r}); a fresh connection settled it")
             return delivered
 
     def _behind(self, identity: Identity) -> None:
         """Say, once, that this rank's queue is full and its wait for the main process ran out."""
         rank = self._origin.rank
+        timeout = self._outbox.timeout if self._outbox is not None else 0.0
         warn_once(
-            ("gather", "behind", rank),
-            f"in_order call at {_collector.describe(identity)}: rank {rank} holds {queues.BOUND} records in the "
-            "store that the main process has not read (it is that far behind) and it read none within "
-            "ACCELERATE_INORDER_TIMEOUT; this rank prints this record itself, out of order, and so each later "
-            "one while its queue stays full, without waiting until the main process reads again (said once)",
+            CallWarning(
+                _collector.describe(identity),
+                (rank,),
+                f"holds {queues.BOUND} records in the store that the main process has not read, and it read none "
+                f"within {timeout:g} s (ACCELERATE_INORDER_TIMEOUT)",
+                timeout,
+                "this rank prints this record itself, out of order, and each later one while its queue stays "
+                "full, without waiting, until the main process reads again (said once)",
+            ),
+            key=("gather", "behind", rank),
         )
 
     def _shrink(self, identity: Identity, payload: bytes, document: list[Any]) -> bytes:
@@ -191,9 +197,14 @@ class GatherSide:
         """
         shrunk = records.shrink(document, len(payload))
         warn_every(
-            f"in_order call at {_collector.describe(identity)}: rank {self._origin.rank}'s record is "
-            f"{records.size_text(len(payload))} as sent, over gather mode's limit of "
-            f"{records.size_text(records.MAX_PAYLOAD)}; it was truncated (marked '... [truncated ...]')",
+            CallWarning(
+                _collector.describe(identity),
+                (self._origin.rank,),
+                f"'s record is {records.size_text(len(payload))} as sent, over gather mode's limit of "
+                f"{records.size_text(records.MAX_PAYLOAD)}",
+                0,
+                "it was truncated to fit (marked '... [truncated ...]') and sent",
+            )
         )
         return shrunk
 
@@ -208,7 +219,7 @@ class GatherSide:
     def release(self, bound: float) -> None:
         """Stop and join the clean-up thread, waiting up to `bound` s; the side stays usable."""
         if self._outbox is not None and not self._outbox.close(bound):
-            _warn(f"the in_order clean-up thread did not stop within {bound:g} s; the process may abort at exit")
+            warn_once(f"the in_order clean-up thread did not stop within {bound:g} s; the process may abort at exit")
 
     def close(self) -> None:
         """At exit. Main process: emit what was delivered, seal the queues. Then drop the side's store objects."""
@@ -216,11 +227,11 @@ class GatherSide:
             try:
                 self._collector.flush()
             except Exception as exc:  # the store is gone at exit: nothing more can be delivered
-                _warn(f"gather mode could not flush records at exit: {exc!r}")
+                warn_once(f"gather mode could not flush records at exit: {exc!r}")
         if self._outbox is not None:
             try:
                 self._outbox.finish()  # the queue's last keys, deleted by whichever side is last
             except Exception as exc:  # the store is gone at exit: its keys went with it
                 if not self._main_gone:  # else said already: this rank could not reach it
-                    _warn(f"gather mode could not close this rank's queue in the store at exit: {exc!r}")
+                    warn_once(f"gather mode could not close this rank's queue in the store at exit: {exc!r}")
         self._outbox = self._collector = None

@@ -70,7 +70,7 @@ def _run_started() -> None:
         try:
             callback()
         except Exception as exc:  # never into the caller's start-up
-            warn_once(("started", type(exc)), f"could not note the in_order mode at start-up: {exc!r}")
+            warn_once(f"could not note the in_order mode at start-up: {exc!r}", key=("started", type(exc)))
 
 
 HOOK = TorchHook("init_process_group", _after_init)

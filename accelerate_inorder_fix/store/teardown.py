@@ -35,7 +35,7 @@ def _before_destroy(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
             try:
                 release()
             except Exception as exc:  # never into the caller's teardown
-                warn_once(("teardown", type(exc)), f"could not release in_order threads before destroy: {exc!r}")
+                warn_once(f"could not release in_order threads before destroy: {exc!r}", key=("teardown", type(exc)))
     return wrapped(*args, **kwargs)
 
 

@@ -84,7 +84,7 @@ class BackgroundWriter:
             except (RuntimeError, OSError):  # the store is busy or gone: what was not done goes next time
                 pass
             except Exception as exc:  # not expected; the thread must outlive it, or the store would grow
-                warn_once((self._name, type(exc)), f"{self._name} failed, retried later: {exc!r}")
+                warn_once(f"{self._name} failed, retried later: {exc!r}", key=(self._name, type(exc)))
             with self._changed:
                 self._done = up_to
                 self._changed.notify_all()

@@ -19,7 +19,8 @@ def test_patched_under_accelerate_launch(version):
         NAMES, 4, patched=True, launcher="accelerate", pythonpath=[accelerate_dir(version)], timeout=240, stall=None
     )
     assert job.killed is None and job.returncode == 0, f"{job}\n{job.stderr[-3000:]}"
-    assert {n: scenarios.check(n, 4, job.lines)[0] for n in NAMES} == dict.fromkeys(NAMES, "ordered")
+    said = job.lines + job.stderr.splitlines()  # the package's warnings are on stderr
+    assert {n: scenarios.check(n, 4, said)[0] for n in NAMES} == dict.fromkeys(NAMES, "ordered")
 
 
 def test_unpatched_under_accelerate_launch_deadlocks():

@@ -10,12 +10,14 @@ wait woken at its deadline ends without them). Every job has a hard timeout.
 """
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO, SCRIPTS, accelerate_dir
 
+from accelerate_inorder_fix.cli import check as _check
 from accelerate_inorder_fix.cli import launch as _launch
 
 
@@ -95,6 +97,12 @@ def _c10d_lines_by_rank(job):
     return counts
 
 
+GIVEN_UP = {  # mode: (what the warning says of the ranks that missed the call, how its "Next:" begins)
+    "gather": ("sent no record", "this call's records of rank 0 were printed without them, in rank order"),
+    "barrier": ("did not make it", "this call's records are printed unordered on each rank"),
+}
+
+
 @pytest.mark.parametrize(("mode", "lines"), [("gather", {0: 2}), ("barrier", {0: 4})])
 def test_a_main_only_call_the_others_never_make_gives_lines_on_rank_0_only(mode, lines):
     """`check`'s `partial`: rank 0 alone makes the call, the others go on to a collective.
@@ -116,8 +124,18 @@ def test_a_main_only_call_the_others_never_make_gives_lines_on_rank_0_only(mode,
         stall=40,
     )
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
-    assert "accelerate-inorder-fix: in_order call at " in job.stderr + "\n".join(job.lines)  # the call was given up
     assert _c10d_lines_by_rank(job) == lines, job.stderr
+    # The call was given up: one warning, on stderr in both modes, naming site, ranks, cost, next step, rule.
+    said = [line for line in job.stderr.splitlines() if "accelerate-inorder-fix: in_order call at " in line]
+    what, then = GIVEN_UP[mode]
+    assert len(said) == 1 and re.search(
+        rf"accelerate-inorder-fix: in_order call at \S*scenarios\.py:\d+ in partial(?: \(call 1 from there\))?: "
+        rf"ranks 1, 2, 3 {what} within 2 s \(ACCELERATE_INORDER_TIMEOUT\)\. Cost: a wait of 2 s\. "
+        rf"Next: {re.escape(then)}.*\. Rule: an in_order call is collective: every rank must make it\.$",
+        said[0],
+    ), job.stderr
+    assert not [line for line in job.lines if "accelerate-inorder-fix" in line], job.lines
+    assert _check.partial_word(job).startswith("ordered, given up"), said  # `check`'s row reads it
 
 
 def test_a_barrier_call_only_the_main_process_makes_while_the_others_wait_gives_two_lines_per_waiting_rank():
@@ -130,6 +148,6 @@ def test_a_barrier_call_only_the_main_process_makes_while_the_others_wait_gives_
         ACCELERATE_INORDER_TIMEOUT="2",
     )
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
-    assert "had not made it and were waiting at another in_order call" in job.stderr, job.stderr
+    assert "had not made it, waiting at another in_order call" in job.stderr, job.stderr
     counts = _c10d_lines_by_rank(job)
     assert counts and set(counts) <= {0, 1, 2, 3} and set(counts.values()) <= {2, 4}, job.stderr  # whole waits

@@ -43,7 +43,8 @@ UNPATCHED_NPROC = {"0.21.0": 4, "1.12.0": 4, "1.15.0": 4, "0.34.2": 2, "1.13.0":
 
 
 def _verdicts(job, nproc, names):
-    return {name: scenarios.check(name, nproc, job.lines) for name in names}
+    said = job.lines + job.stderr.splitlines()  # the package's warnings are on stderr
+    return {name: scenarios.check(name, nproc, said) for name in names}
 
 
 @pytest.mark.parametrize("nproc", [2, 4])

@@ -22,7 +22,10 @@ NPROC = 4
 TIMEOUT = 15.0  # ACCELERATE_INORDER_TIMEOUT: a call that waited it out would show in @@SECONDS
 INJECTED = {(2, 1), (4, 3)}  # (call, rank) whose record was replaced by foreign bytes
 RECORD = re.compile(r"^(?:\[RANK \d+\] )?inject#(\d+) r(\d+)\b.* @@origin=(\d+) @@by=(\d+) @@extra=(.*)$")
-FOREIGN_WARNING = re.compile(r"accelerate-inorder-fix: rank (\d+) sent something that is not an in_order record")
+FOREIGN_WARNING = re.compile(
+    r"accelerate-inorder-fix: in_order call at \S+ in \w+ \(call \d+ from there\): rank (\d+) sent something that is "
+    "not an in_order record"
+)
 
 
 def _script():
@@ -84,12 +87,13 @@ def test_foreign_bytes_in_a_queue_run_nothing_and_cost_only_their_own_record(tmp
             assert "héllo" in m[0]
 
     # One warning per foreign payload, naming its rank and the call it cost; nothing waited out a deadline.
-    warnings = [(int(m[1]), line) for line in job.lines for m in [FOREIGN_WARNING.search(line)] if m]
+    warnings = [(int(m[1]), line) for line in job.stderr.splitlines() for m in [FOREIGN_WARNING.search(line)] if m]
     assert [rank for rank, _ in warnings] == [1, 3], context
     # Every call goes through one line of the script's `timed`, so call N is "call N from there".
     assert "inject_records.py" in warnings[0][1] and "(call 2 from there)" in warnings[0][1], warnings
     assert "(call 4 from there)" in warnings[1][1], warnings
-    assert not [line for line in job.lines if "no record from rank" in line or "could not" in line], context
+    said = job.lines + job.stderr.splitlines()
+    assert not [line for line in said if "sent no record" in line or "could not" in line], context
     seconds = [float(line.split()[3]) for line in job.lines if line.startswith("@@SECONDS r0 ")]
     assert len(seconds) == 5 and max(seconds) < TIMEOUT, context
     assert sorted(line.split()[2] for line in job.lines if line.startswith("@@SUM ")) == ["10.0"] * NPROC, context

@@ -65,7 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import explorer  # noqa: E402
 from explorer import Connection, Killed, Request, Script, Sim  # noqa: E402
 
-from accelerate_inorder_fix import bounds  # noqa: E402
+from accelerate_inorder_fix import (
+    _diagnostics,  # noqa: E402
+    bounds,  # noqa: E402
+)
 from accelerate_inorder_fix import session as session_module  # noqa: E402
 from accelerate_inorder_fix._call import InOrderCall, LogArgs  # noqa: E402
 from accelerate_inorder_fix.barrier.side import BarrierSide  # noqa: E402
@@ -553,11 +556,8 @@ def run(path: PathScript, seed: int = 0) -> tuple[PathSim, list[str]]:
         }
     )
 
-    def warn(text: str) -> None:
-        sim.warnings.append((sim.actor(), text))
-
-    def gather_warning(self: gather_side.GatherSide, text: str) -> None:
-        sim.warnings.append((sim.actor(), text))
+    def warn(said: Any, key: Any = None) -> None:
+        sim.warnings.append((sim.actor(), _diagnostics.text_of(said)))
 
     def barrier_side(*args: Any, **kwargs: Any) -> Any:
         side = BarrierSide(*args, **kwargs)
@@ -568,9 +568,9 @@ def run(path: PathScript, seed: int = 0) -> tuple[PathSim, list[str]]:
         stack.enter_context(mock.patch.object(session_module, "BarrierSide", barrier_side))
         for module in (session_module, collector_module, mode):
             stack.enter_context(mock.patch.object(module, "time", _Clock(sim)))
-        stack.enter_context(mock.patch.object(session_module, "_warn", warn))
-        stack.enter_context(mock.patch.object(gather_side, "_warn", warn))
-        stack.enter_context(mock.patch.object(gather_side.GatherSide, "_warning", gather_warning))
+        stack.enter_context(mock.patch.object(session_module, "warn_once", warn))
+        stack.enter_context(mock.patch.object(gather_side, "warn_once", warn))
+        stack.enter_context(mock.patch.object(gather_side, "warn_every", warn))
         stack.enter_context(mock.patch.object(gather_side.connection, "own_connection", lambda timeout: None))
         stack.enter_context(mock.patch.object(session_module.atexit, "register", lambda f: f))
         stack.enter_context(mock.patch.object(session_module.teardown, "on_destroy", lambda f: f))

@@ -133,8 +133,8 @@ def _partial(stderr="", lines=(), seconds=3.02):
 
 
 def test_the_partial_row_says_the_call_was_given_up_after_a_wait_with_a_warning():
-    gather = "accelerate-inorder-fix: in_order call at /x/scenarios.py:173 in partial (call 1 from there): no record"
-    barrier = "accelerate-inorder-fix: in_order call at /x/scenarios.py:173 (partial): rank(s) 1 did not make it"
+    gather = "accelerate-inorder-fix: in_order call at /x/scenarios.py:173 in partial (call 1 from there): rank 1 sent"
+    barrier = "accelerate-inorder-fix: in_order call at /x/scenarios.py:173 in partial: rank 1 did not make it"
     for outcome in (_partial(lines=[gather]), _partial(stderr=barrier + "\n")):
         assert (outcome.word, outcome.ok) == ("ordered, given up after 3.0 s with a warning", True)
     assert _partial(seconds=0.01).word == "ordered"  # no wait, no warning (upstream before 1.13: no barrier at all)
@@ -180,16 +180,16 @@ def test_bench_calls_the_benchmarks_main_with_the_rest_of_the_line(monkeypatch, 
 
 
 def test_a_rank_reported_missing_fails_the_scenario_though_every_record_came():
-    """Every rank calls in these scenarios: a "no record from rank" warning means a rank's record or empty
+    """Every rank calls in these scenarios: a "sent no record" warning means a rank's record or empty
     marker did not come in time (records that arrive later still make the scenario look complete)."""
     warning = (
         "accelerate-inorder-fix: in_order call at /x/scenarios.py:80 in default (call 1 from there): "
-        "no record from rank(s) 1 within 30 s (ACCELERATE_INORDER_TIMEOUT); the other ranks' records are above"
+        "rank 1 sent no record within 30 s (ACCELERATE_INORDER_TIMEOUT). Cost: a wait of 30 s. Next: ..."
     )
     lines = _lines("default", 2)
     assert scenarios.check("default", 2, lines) == ("ordered", "")
     verdict, detail = scenarios.check("default", 2, [*lines[:1], warning, *lines[1:]])
-    assert verdict == "warning" and "rank(s) 1" in detail
+    assert verdict == "warning" and "rank 1 sent no record" in detail
     outcome = _check.judge("default", 2, Job([*lines[:1], warning, *lines[1:]], "", 0, None, 1.0))
     assert (outcome.word, outcome.ok) == ("a rank reported missing", False)
     # A warning about another scenario's call fails that scenario, not this one.

@@ -37,7 +37,7 @@ def test_main_only_call_next_to_an_every_rank_call_costs_one_timeout_for_its_sit
             poster.join()
         _block_whole_and_in_rank_order(job, step, 4)
     assert timeout <= waited < timeout + SLACK
-    assert len(job.warnings) == 1 and "rank(s) 1, 2, 3 within" in job.warnings[0], job.warnings
+    assert len(job.warnings) == 1 and "ranks 1, 2, 3 sent no record within" in job.warnings[0], job.warnings
 
 
 def test_every_rank_call_after_a_missed_main_only_one_is_waited_for_whole_and_in_rank_order():
@@ -56,7 +56,7 @@ def test_every_rank_call_after_a_missed_main_only_one_is_waited_for_whole_and_in
         _block_whole_and_in_rank_order(job, step, 4)
         waited += job.call(step, site=MAIN)
     assert waited < 1.5 * timeout + SLACK
-    assert len(job.warnings) == 1 and "rank(s) 1, 2, 3 within" in job.warnings[0], job.warnings
+    assert len(job.warnings) == 1 and "ranks 1, 2, 3 sent no record within" in job.warnings[0], job.warnings
 
 
 def test_rank_that_went_quiet_costs_one_timeout_in_all_not_one_per_site():
@@ -73,7 +73,7 @@ def test_rank_that_went_quiet_costs_one_timeout_in_all_not_one_per_site():
         waited += job.call(1, site=site)
         assert job.during(("block", site, 1)) == [(site, 1, 0), (site, 1, 1)]
     assert timeout <= waited < 1.5 * timeout
-    assert len(job.warnings) == 1 and "rank(s) 2 within" in job.warnings[0], job.warnings
+    assert len(job.warnings) == 1 and "rank 2 sent no record within" in job.warnings[0], job.warnings
 
 
 def test_rank_absent_at_one_site_is_waited_for_there_again_once_a_record_of_it_for_that_site_arrives():

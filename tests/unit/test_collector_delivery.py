@@ -181,4 +181,4 @@ def test_loss_lines_are_rate_limited_and_the_next_one_written_says_how_many_were
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == _diagnostics.BURST + 1
     assert lines[_diagnostics.BURST - 1].endswith("are counted, not written)")
-    assert lines[-1].startswith("accelerate-inorder-fix: loss after (and 5 earlier loss(es) not written")
+    assert lines[-1].startswith("accelerate-inorder-fix: loss after (and 5 earlier warning(s) not written")

@@ -185,7 +185,12 @@ def test_a_switch_made_on_one_rank_alone_is_refused_with_one_line_and_one_made_b
     assert rank1.mode(_rank(1), settings[1]) == "barrier"
     assert rank1.mode(_rank(1), settings[1]) == "barrier"  # refused once, not waited for again
     err = capsys.readouterr().err
-    assert err.count("configure(mode='gather') (or ACCELERATE_INORDER_MODE) was not made on the main process") == 1
+    assert (
+        err.count(
+            "rank 1 switched to gather mode (configure(mode=...) or ACCELERATE_INORDER_MODE) and the main process did not"
+        )
+        == 1
+    )
     assert "keeps the job's in_order mode, barrier" in err
     settings[0].configure(mode="gather")
     settings[1].configure(mode="gather")
