@@ -213,7 +213,7 @@ class StoreInbox:
         self._calls = 0
 
     def _next_key(self, rank: int) -> str:
-        return key(rank, self.cursor[rank])
+        return f"{rank}/{self.cursor[rank]}"  # `key`, inline: once per waited-for rank and call
 
     def wait(self, ranks: list[int], seconds: float) -> bool:
         """Wait up to `seconds` until every rank in `ranks` has a next record; False on timeout."""
