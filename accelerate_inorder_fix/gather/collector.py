@@ -148,7 +148,10 @@ class Collector:
             self.warn(f"{text} and counted as rank {rank}'s empty record of the call at {describe(current)}")
             item = current, None
         identity, record = item
-        self._hear(rank, identity[0])
+        if self.quiet or self.absent:
+            self._hear(rank, identity[0])
+        else:  # nothing to forget: no rank is quiet or absent anywhere
+            self._heard.add(rank)
         if identity == current:
             block[rank] = record
         elif identity[1] <= self.made.get(identity[0], 0) or (
