@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 from types import CodeType
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ._upstream import UpstreamBody
 
@@ -132,13 +132,28 @@ def call_site(body: UpstreamBody) -> Site:
     return (_file_name(frame), frame.f_code.co_name, frame.f_lineno)
 
 
+_FILE_NAMES: dict[tuple[Any, Any], str] = {}  # (code, module name) -> `_file_name`: once per call site
+_FILE_NAMES_KEPT = 4096  # then forgotten and made again: code made at run time (exec) must not pile up
+
+
 def _file_name(frame: Any) -> str:
     """The file of `frame` as its module's path under its import root (`pkg/sub/train.py`), the same on every
     host whatever the absolute paths; two files of one basename differ there. A script (`__main__`), or
-    code without a module, is named by its basename."""
-    base: str = os.path.basename(frame.f_code.co_filename)
+    code without a module, is named by its basename. Worked out once per code and module (`_FILE_NAMES`)."""
     module = getattr(frame, "f_globals", {}).get("__name__")
-    if not isinstance(module, str) or module == "__main__":
+    key = (frame.f_code, module if isinstance(module, str) else None)
+    name = _FILE_NAMES.get(key)
+    if name is None:
+        if len(_FILE_NAMES) >= _FILE_NAMES_KEPT:
+            _FILE_NAMES.clear()
+        name = _FILE_NAMES[key] = _module_file_name(frame.f_code.co_filename, key[1])
+    return name
+
+
+def _module_file_name(filename: str, module: Optional[str]) -> str:
+    """`_file_name` of code in file `filename` of module `module` (its name, or None)."""
+    base: str = os.path.basename(filename)
+    if module is None or module == "__main__":
         return base
     package = module if base == "__init__.py" else module.rpartition(".")[0]
     return f"{package.replace('.', '/')}/{base}" if package else base

@@ -136,7 +136,8 @@ def parse_timeout(value: object) -> float:
 class Settings:
     """The mode, timeout and collapse in effect: `configure()` overrides, else the environment, else defaults.
 
-    The environment is read at every use (cheap, and a launcher may set it late); a bad value is
+    The environment is read at every use (a launcher may set it late, a script may change it between
+    calls); a value is parsed once, while the variable keeps the same text (`_parsed`). A bad value is
     reported once per process and variable, and the default is used.
     """
 
@@ -146,6 +147,7 @@ class Settings:
         self._timeout: Optional[float] = None
         self._collapse: Optional[bool] = None
         self._mode_generation = 0
+        self._parsed: dict[str, tuple[str, Any]] = {}  # variable -> (its last valid text, that parsed)
 
     @property
     def mode_generation(self) -> int:
@@ -154,13 +156,20 @@ class Settings:
 
     def _from_env(self, name: str, parse: Callable[[str], Any], default: Any) -> Any:
         raw = os.environ.get(name)
-        if raw is None or not raw.strip():
+        if raw is None:
+            return default
+        parsed = self._parsed.get(name)
+        if parsed is not None and parsed[0] == raw:
+            return parsed[1]
+        if not raw.strip():
             return default
         try:
-            return parse(raw)
+            value = parse(raw)
         except ValueError as exc:
             _say_bad_setting(name, raw, f"{name}={raw!r} is not valid ({exc}); using {default!r}")
             return default
+        self._parsed[name] = (raw, value)
+        return value
 
     def mode(self) -> str:
         """'barrier' or 'gather'."""

@@ -156,7 +156,10 @@ class Collector:
             )
             item = current, None
         identity, record = item
-        self._hear(rank, identity[0])
+        if self.quiet or self.absent:
+            self._hear(rank, identity[0])
+        else:  # nothing to forget: no rank is quiet or absent anywhere
+            self._heard.add(rank)
         if identity == current:
             block[rank] = record
         elif identity[1] <= self.made.get(identity[0], 0) or (
@@ -174,8 +177,11 @@ class Collector:
     def _hear(self, rank: int, site: Site) -> None:
         """A record of `rank` for `site` arrived: it is not quiet, nor absent there, any more."""
         self._heard.add(rank)
-        self.quiet.pop(rank, None)
-        self.absent.get(site, set()).discard(rank)
+        if self.quiet:
+            self.quiet.pop(rank, None)
+        absent = self.absent.get(site)
+        if absent:
+            absent.discard(rank)
 
     def _take_what_arrived(
         self, rank: int, current: Optional[Identity], block: Block, most: Optional[int] = None, until: float = INF
@@ -217,11 +223,15 @@ class Collector:
 
     def _waitable(self, block: Block, site: Site, start: float, now: float) -> list[int]:
         """The ranks whose record for this block is still to come and still waited for at `now`."""
-        absent = self.absent.get(site, set())
+        absent = self.absent.get(site, ())
+        quiet = self.quiet
+        in_time = start + self.timeout - now >= SHORTEST_WAIT  # a rank that is not quiet (`_until`)
         return [
             r
             for r in range(self.world_size)
-            if r not in block and r not in absent and self._until(r, start) - now >= SHORTEST_WAIT
+            if r not in block
+            and r not in absent
+            and (self._until(r, start) - now >= SHORTEST_WAIT if r in quiet else in_time)
         ]
 
     def _collect(self, identity: Identity, block: Block) -> None:
@@ -234,7 +244,7 @@ class Collector:
             waitable = [r for r in self._waitable(block, site, start, now) if r not in given_up]
             if not waitable:
                 break
-            until = min(self._until(r, start) for r in waitable)
+            until = min(self._until(r, start) for r in waitable) if self.quiet else start + self.timeout
             if self.source.wait(waitable, until - now):
                 self._take_after_wait(waitable, identity, block)
             else:
@@ -276,8 +286,10 @@ class Collector:
         site, count = identity
         self.made[site] = max(count, self.made.get(site, 0))
         self._emit_block(block, identity)
-        for rank in block:
-            self._hear(rank, site)
+        self._heard.update(block)
+        if self.quiet or self.absent.get(site):  # else hearing them changes nothing more
+            for rank in block:
+                self._hear(rank, site)
         missing = [r for r in range(self.world_size) if r not in block]
         if missing:
             self._missed(identity, missing, block)

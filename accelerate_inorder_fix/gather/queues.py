@@ -346,7 +346,7 @@ class StoreInbox:
         self._set_many = getattr(store, "multi_set", None)
 
     def _next_key(self, rank: int) -> str:
-        return key(rank, self.cursor[rank])
+        return f"{rank}/{self.cursor[rank]}"  # `key`, inline: once per waited-for rank and call
 
     def wait(self, ranks: list[int], seconds: float) -> bool:
         """Wait up to `seconds` until every rank in `ranks` has a next record; False on timeout.

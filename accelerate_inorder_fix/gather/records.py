@@ -261,7 +261,7 @@ def _record(values: Any, rank: Optional[int] = None) -> logging.LogRecord:
     _check_origin(extras, rank)
     attributes = dict(zip(_ATTRIBUTES, values))  # FIELDS, then args and exc_info: None
     if extras:
-        attributes.update((key, value) for key, value in extras.items() if key not in _NOT_EXTRA)
+        attributes.update({key: value for key, value in extras.items() if key not in _NOT_EXTRA})
     return rebuild(attributes)
 
 

@@ -48,6 +48,29 @@ def test_environment_gives_the_settings(monkeypatch):
     assert (settings.mode_source(), settings.timeout_source()) == ("default", "default")
 
 
+def test_an_environment_value_is_parsed_once_and_every_change_is_seen(monkeypatch, capsys):
+    parsed = []
+
+    def parse(raw):
+        parsed.append(raw)
+        return config.parse_mode(raw)
+
+    settings = config.Settings()
+    read = lambda: settings._from_env(config.MODE_ENV, parse, config.DEFAULT_MODE)  # noqa: E731
+    for raw, mode in [("gather", "gather"), ("gather", "gather"), ("barrier", "barrier"), ("GATHER", "gather")]:
+        monkeypatch.setenv(config.MODE_ENV, raw)
+        assert [read(), read()] == [mode, mode]
+    bad = _bad("gathr")
+    monkeypatch.setenv(config.MODE_ENV, bad)  # a bad value after a good one: the default, said
+    assert read() == config.DEFAULT_MODE
+    assert "is not valid" in capsys.readouterr().err
+    monkeypatch.setenv(config.MODE_ENV, "GATHER")  # back to a text parsed before: its value again
+    assert read() == "gather"
+    monkeypatch.delenv(config.MODE_ENV)
+    assert read() == config.DEFAULT_MODE
+    assert parsed == ["gather", "barrier", "GATHER", bad]  # once a text while it stays
+
+
 @pytest.mark.parametrize(
     "name,read,default",
     [(config.MODE_ENV, "mode", config.DEFAULT_MODE), (config.TIMEOUT_ENV, "timeout", config.DEFAULT_TIMEOUT)],
