@@ -69,12 +69,12 @@ def _env():
 
 def test_reset_is_the_import_time_state(capsys):
     accelerate_inorder_fix.configure(mode="gather", timeout=3)
-    warn_once("test-key", "said once")
+    warn_once("said once", "test-key")
     SESSION.close()
     testing.reset()
     assert (config.SETTINGS.mode_source(), config.SETTINGS.timeout_source()) == ("default", "default")
     assert config.SETTINGS.mode_generation == 0  # a later configure(mode=...) is the first switch again
-    assert warn_once("test-key", "said once")  # unsaid again: said once more
+    assert warn_once("said once", "test-key")  # unsaid again: said once more
     assert not SESSION._closed and SESSION._agreement is None
     assert accelerate_inorder_fix.is_patched() == (config.switch() != "off" and "accelerate.logging" in sys.modules)
     assert capsys.readouterr().err.count("said once") == 2
