@@ -54,7 +54,7 @@ from ..store.connection import peek
 from .checkin import HANDED, Arrival, CheckIn
 
 
-GRACE = 0.25  # of the timeout: what a wait has at least when a rank comes to it late, and past a break
+LATE_WAIT = 0.25  # of the timeout: what a wait has at least when a rank comes to it late, and past a break
 
 
 class Handoff:
@@ -71,7 +71,7 @@ class Handoff:
     def __init__(self, side: CheckIn, arrival: Arrival) -> None:
         self.side, self.arrival, self.call = side, arrival, arrival.call
         self.rank, self.last = side.rank, side.world_size - 1
-        self.deadline, self.woken, self.grace = arrival.deadline, arrival.woken, arrival.timeout * GRACE
+        self.deadline, self.woken, self.grace = arrival.deadline, arrival.woken, arrival.timeout * LATE_WAIT
         self.named: Optional[int] = None
 
     def take_turns(self, emit: Callable[[], None]) -> None:
@@ -139,7 +139,7 @@ class Handoff:
                 f"{site_text(self.call.site)} (call {self.call.k} from there)",
                 (missing,),
                 f"did not hand over its turn within {TIMEOUT_ENV} (it died, or its log handlers hang)",
-                self.grace / GRACE,
+                self.grace / LATE_WAIT,
                 f"rank {self.rank} {then} without it; the records of ranks after rank {missing} may be out of order",
             ),
             key=("handoff", self.call.site, missing),

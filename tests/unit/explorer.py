@@ -1045,7 +1045,7 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "named-not-absent": ("named", _named_not_absent),
     "failed-rank-goes-alone": ("_after_failure", _failed_rank_goes_alone),
     "keep-old-verdicts": ("_decide", _keep_old_verdicts),
-    "grace-a-whole-timeout": ("GRACE", 1.0),
+    "grace-a-whole-timeout": ("LATE_WAIT", 1.0),
     "set-not-compare-set": ("_decide", _set_not_compare_set),
     "no-halfway": ("_halfway", _no_halfway),
     "no-absent": ("_absent", _no_absent),
@@ -1077,8 +1077,8 @@ def mutated(name: str) -> Any:
         return contextlib.nullcontext()
     if attribute == "RECORD":
         return mock.patch.object(turns.EmitOnce, "emit", replacement)
-    if attribute == "GRACE":  # a rank past a break waits a whole timeout more, not a quarter
-        return mock.patch.object(handoff, "GRACE", replacement)
+    if attribute == "LATE_WAIT":  # a rank past a break waits a whole timeout more, not a quarter
+        return mock.patch.object(handoff, "LATE_WAIT", replacement)
     if attribute.startswith("side:"):
         return mock.patch.object(side.BarrierSide, attribute.partition(":")[2], replacement)
     if attribute.startswith("handoff:"):
