@@ -89,6 +89,7 @@ class InOrderSession:
         self._switches = 0  # mode switches since the agreement: the main process's word for each (`mode`)
         self._deadline: Optional[float] = None  # the current call's, when its agreement waited (`mode`)
         self._store: Optional[Store] = None
+        self._world_size = 0  # the job's processes, known once the store is open (`close` counts itself out)
         self._store_reason: Optional[str] = "no in_order call yet"
         self._counts: collections.Counter[tuple[str, Site]] = collections.Counter()  # (mode, site): calls there
         self._barrier: Optional[BarrierSide] = None
@@ -189,7 +190,7 @@ class InOrderSession:
         store, self._store_reason = self._open_store(settings.timeout())
         if store is None:
             return own
-        self._store = store
+        self._store, self._world_size = store, state.num_processes
         atexit.register(self.close)
         teardown.on_destroy(self.release)
         rank = state.process_index
@@ -385,7 +386,12 @@ class InOrderSession:
             self._closed = True
             if self._gather is not None:
                 self._gather.close()
-            self._store = self._barrier = None
+            store, self._store, self._barrier = self._store, None, None
+            if store is not None and self._world_size:
+                try:
+                    mode.close_words(store, self._world_size)
+                except Exception:  # the store's server has gone (its host exited first), its keys with it
+                    return
 
     def reset(self) -> None:
         """Close, let go of atexit and torch's teardown hook, and start again as a new session

@@ -2,7 +2,7 @@
 
 One word per agreement: `mode/started` as soon as the job's process group is up (`on_start`), `mode` at
 the main process's first in_order call, `mode/<n>` at its n-th switch (`switch_key`). A few bytes each,
-one per switch: the store stays bounded. The first is what lets a rank's first call take the main
+one per switch: the store stays bounded, and the last process to exit deletes them (`close_words`). The first is what lets a rank's first call take the main
 process's mode without waiting for the main process to make that call.
 """
 
@@ -20,6 +20,7 @@ from .hooks import TorchHook
 
 
 MODE_KEY = "mode"
+CLOSED_KEY = "mode/closed"  # how many of the job's processes have closed their session (`close_words`)
 STARTED = -1  # the `switch` of the word written when the process group started (`publish_started`)
 
 
@@ -34,6 +35,22 @@ def switch_key(switch: int) -> str:
 def publish_mode(store: Store, mode: str, switch: int = 0) -> None:
     """The main process's mode word, for every rank's first in_order call (or its `switch`-th switch)."""
     store.set(switch_key(switch), mode)
+
+
+def close_words(store: Store, world_size: int) -> None:
+    """At a process's exit (its session closing): count it; the job's last process deletes the mode words.
+
+    Every rank reads a word only before its session closes (its first call, a switch), so once all
+    `world_size` have closed nobody reads one again: the store keeps no key of this module after the job.
+    A process that never made an in_order call never counts, and the words stay (a few bytes).
+    """
+    if store.add(CLOSED_KEY, 1) < world_size:
+        return
+    for key in (switch_key(STARTED), MODE_KEY, CLOSED_KEY):
+        store.delete_key(key)
+    switch = 1
+    while store.delete_key(switch_key(switch)):  # the main process wrote them in order, from 1
+        switch += 1
 
 
 def read_mode(store: Store, seconds: float, switch: int = 0) -> Optional[str]:

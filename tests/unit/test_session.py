@@ -86,6 +86,21 @@ def test_a_configure_after_the_agreement_is_a_switch_every_rank_follows():
         session.close()
 
 
+def test_the_last_process_to_close_deletes_every_mode_word():
+    """The job's words (at its start, its first call, each switch) outlive every reader but not the job."""
+    store = InMemoryStore()
+    main, rank1 = _sessions(store)
+    settings = [_settings("barrier"), _settings("barrier")]
+    assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["barrier", "barrier"]
+    for own in settings:
+        own.configure(mode="gather")
+    assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["gather", "gather"]
+    main.close()
+    assert {"mode", "mode/1"} <= set(store.data)  # rank 1 has not closed: it may still read them
+    rank1.close()
+    assert [key for key in store.data if key.startswith("mode")] == []
+
+
 def test_the_main_process_silent_leaves_a_rank_on_its_own_setting_after_the_timeout(capsys):
     (rank1,) = _sessions(InMemoryStore(), n=1)
     assert rank1.mode(_rank(1), _settings("barrier", timeout=0.05)) == "barrier"
