@@ -27,13 +27,21 @@ if "--fake-hosts" in sys.argv[2:]:
     socket.gethostname = lambda: f"node-{os.environ['GROUP_RANK']}"
 
 
+def _ranks_or_dash(record):
+    """`%(ranks)s` for a record without the attribute (Formatter's `defaults` is Python 3.10+)."""
+    if not hasattr(record, "ranks"):
+        record.ranks = "-"
+    return True
+
+
 def main():
     from accelerate import PartialState
     from accelerate.logging import get_logger
 
     rank = PartialState(cpu=True).process_index
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter(FORMAT, defaults={"ranks": "-"}))
+    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(_ranks_or_dash)
     base = logging.getLogger("aif.tags")
     base.addHandler(handler)
     base.setLevel(logging.INFO)
