@@ -1,8 +1,9 @@
 """The package's warnings: one builder, one channel (stderr), once per problem or rate-limited, never an exception.
 
-Every warning about an in_order call is a `CallWarning`: the call site, the ranks concerned, what it
-cost (the wait), what happens next, and the rule the user broke (when there is one), in the same
-words in both modes. `warn_once` says a problem once per process; `warn_every` says each loss, at
+Every warning about an in_order call's waits, skips and losses is a `CallWarning`: the call site, the
+ranks concerned, what it cost (the wait), what happens next, and the rule the user broke (when there is
+one), in the same words in both modes. Barrier mode's own emit (a handler or filter that raises) and a
+failed plain barrier are said once per exception type, in plain words: no call site is at hand there. `warn_once` says a problem once per process; `warn_every` says each loss, at
 most `BURST` lines a `WINDOW`.
 
 The channel is raw stderr, one write per warning, in both modes. Not `logging`: these warnings are
