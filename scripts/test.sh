@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README's, and CI's through .ci/run): set up (idempotent), the lint (ruff,
 # import-linter, mypy --strict; fail fast), then pytest: the whole suite, or what the arguments name
-# (`bash scripts/test.sh tests/unit`: the unit tier, under a minute). Every multi-rank test has a hard timeout that kills the job's whole process tree.
+# (`bash scripts/test.sh tests/unit`: the unit tier, about two minutes). Every multi-rank test has a hard timeout that kills the job's whole process tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
