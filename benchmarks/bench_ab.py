@@ -104,9 +104,6 @@ def _worker(calls: int, rounds: int, mode: str, collapse: bool) -> None:
         if variant != "upstream":
             package = base if variant == "base" else head
             package.patch()
-            package.configure(mode=mode)
-            if package is head and collapse:
-                head.configure(collapse=True)
         dist.barrier()
         wall, cpu = time.perf_counter(), time.process_time()
         loops[variant](n)
@@ -116,6 +113,10 @@ def _worker(calls: int, rounds: int, mode: str, collapse: bool) -> None:
         dist.all_reduce(total)
         return float(slowest[0]) / n, float(total[1]) / n
 
+    # Configured once: each configure(mode=...) is a mode switch the ranks agree on at their next call,
+    # which a job makes once, not every batch.
+    base.configure(mode=mode)
+    head.configure(mode=mode, collapse=True) if collapse else head.configure(mode=mode)
     wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for warmup in (True, False):
