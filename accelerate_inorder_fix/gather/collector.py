@@ -364,12 +364,16 @@ class Collector:
             self._emit_collapsed(block, identity)
             return
         loggers: dict[str, logging.Logger] = {}
+        build = _copies.build
         for rank in sorted(block):
             entry = block[rank]
             if entry is None:
                 continue
-            try:
-                _hand_over(_copies.build(entry), loggers)
+            try:  # `_hand_over`, inline: once per record of the block
+                record = build(entry)
+                name = record.name
+                logger = loggers.get(name) or loggers.setdefault(name, _records.logger_for(record))
+                logger.callHandlers(record)
             except Exception as exc:
                 self._dropped(rank, identity, exc)
 
