@@ -105,3 +105,11 @@ def test_bench_collapse_prints_collapse_off_and_on_for_each_size():
     rows = _table(job.lines, "| ranks |")
     assert [row[0] for row in rows] == ["2", "8"]
     assert all(float(cell) > 0 for row in rows for cell in row[1:]), rows
+
+
+def test_bench_store_ops_tables_each_kind_of_store_request():
+    port = _launch.free_port()
+    job = _run("bench_store_ops.py", "--ops", "200", "--repeats", "1", "--port", str(port))
+    rows = _table(job.lines, "| request |")
+    assert len(rows) == 9 and any(row[0].startswith("delete_key") for row in rows), rows
+    assert all(float(row[2]) > 0 for row in rows), rows
