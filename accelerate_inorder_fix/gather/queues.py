@@ -19,7 +19,8 @@ one key all ranks share, and the main process reads that one slot per call. Who 
       (TOMBSTONE there: sealed,
        the rank prints it itself)
                                      slot/s  <-------------- compare_set(slot/s, UNSET, UNSET): read,
-                                     slot/s  <-------------- delete_key(slot/s)    never waits
+                                     slot/s  <-------------- compare_set(slot/s, read, ""): emptied
+                                                             if unchanged (else read again), never waits
                                                              records of call n from the copies; then,
                                                              for ranks still missing, until the deadline:
                                      ack/r/i <-------------- acks due (every PUBLISH_EVERY records of r read)
@@ -46,9 +47,10 @@ The invariants, each with the test that guards it (unit tests in tests/unit, job
   test_faults.py::test_gather_post_applied_before_its_reply_was_lost_comes_out_once).
 - A delta copy is used only against the full copy the main process decoded as its base
   (test_copies.py::test_a_delta_whose_base_was_not_read_is_not_used).
-- The main process deletes nothing but the slot it read, and acks a rank's queue every `PUBLISH_EVERY`
+- The main process empties nothing but the slot it read, atomically (a copy appended meanwhile is read
+  too: test_collector.py::test_a_copy_appended_while_its_slot_is_read_is_taken_from_the_slot), and acks a rank's queue every `PUBLISH_EVERY`
   records it read there, all ranks in one `multi_set`
-  (test_collector.py::test_main_process_deletes_only_the_slot_it_read_and_publishes_rarely).
+  (test_collector.py::test_main_process_empties_only_the_slot_it_read_and_publishes_rarely).
 - A rank deletes only its own records below the main process's acked mark
   (test_collector.py::test_rank_deletes_only_what_the_main_process_has_read), in its clean-up thread, so no
   post waits for a delete (test_copies.py::test_a_rank_cleans_up_off_its_post), on a connection of its
@@ -114,6 +116,7 @@ BOUND = int(bounds.GATHER_QUEUE.value)  # a rank's records in the store, read or
 ACK_KEYS = BOUND // PUBLISH_EVERY + 2  # a rank's ack keys (`ack/<rank>/<i mod ACK_KEYS>`): more than can be unread
 _ACK = struct.Struct("<QQ")  # an ack's value: (its number i, the main process's read mark then)
 SLOTS = 16  # slots shared by all ranks: a rank's n-th record is copied into slot n % SLOTS
+EMPTY_TRIES = 4  # main process: swaps of a slot for b"" that copies appended meanwhile may fail, before a delete
 
 
 def key(rank: int, n: int) -> str:
@@ -434,16 +437,32 @@ class StoreInbox:
             self.kept.setdefault((rank, place), copy)
 
     def _read_slots(self, ranks: Union[list[int], set[int]]) -> list[CopyLine]:
-        """Read and delete the slot of every place `ranks` are at (usually one); the copies in them."""
+        """Read and empty the slot of every place `ranks` are at (usually one); the copies in them."""
         found: list[CopyLine] = []
         for n in {self.cursor[r] for r in ranks} if self.slotted else ():
             name = slot_key(n)
             blob = peek(self.store, name)  # never waits
-            if blob is not None:
-                # Copies appended after this recreate the slot: read next time, or not needed.
-                self.store.delete_key(name)
-                found.extend(copies.parse_slot(blob, len(self.cursor)))
+            if blob:  # absent (None) or emptied (b""): no copy there
+                found.extend(copies.parse_slot(self._empty(name, blob), len(self.cursor)))
         return found
+
+    def _empty(self, name: str, blob: bytes) -> bytes:
+        """Empty slot `name`, read as `blob`, and give every copy it held: those appended since too.
+
+        Emptied only if it still holds what was read (`compare_set(name, read, b"")`): a copy appended
+        between the read and a delete would be lost with it, and its record read from its key, whole.
+        An append in between fails the swap, whose answer is the slot now: the read grows by it, and
+        the swap is tried again, `EMPTY_TRIES` times at most before the slot is deleted as it is. An
+        emptied slot stays, as b"": a copy appended to it is a line like any other.
+        """
+        read = blob
+        for _ in range(EMPTY_TRIES):
+            now = bytes(self.store.compare_set(name, read, b""))
+            if now == b"" or now == read:  # emptied; or gone (an absent key answers what was expected)
+                return read
+            read = now
+        self.store.delete_key(name)
+        return read
 
     def _decode(self, rank: int, payload: bytes) -> Taken:
         """The record in `rank`'s key at its cursor; its closing marker is no record (`FINISHED`)."""

@@ -86,9 +86,29 @@ def test_block_in_rank_order_from_one_slot_read_without_waiting():
     job.store.calls.clear()
     job.call(1)
     assert job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(4)]
-    # every record's copy is in the shared slot: read (a compare_set that changes nothing), deleted
-    assert job.store.calls == [("compare_set", 1), ("delete_key", 1)]
-    assert queues.slot_key(0) not in job.store.data and not job.warnings
+    # every record's copy is in the shared slot: read (a compare_set that changes nothing), emptied
+    assert job.store.calls == [("compare_set", 1), ("compare_set", 1)]
+    assert job.store.data[queues.slot_key(0)] == b"" and not job.warnings
+
+
+def test_a_copy_appended_while_its_slot_is_read_is_taken_from_the_slot():
+    job = Job(4)
+    for rank in (1, 2):
+        job.post(rank, SITE, 1)
+    swap = job.store.compare_set
+
+    def late_append(key, expected, desired):  # rank 3 posts between the main process's read and its swap
+        if desired == b"" and not late:
+            late.append(job.post(3, SITE, 1))
+        return swap(key, expected, desired)
+
+    late = []
+    job.store.compare_set = late_append
+    job.store.calls.clear()
+    job.call(1)
+    assert late and job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(4)]
+    # no record read from its key (a delete would have taken rank 3's copy): the slot gave all three
+    assert not [c for c in job.store.calls if c[0] in ("multi_get", "get", "wait")] and not job.warnings
 
 
 def test_record_whose_copy_is_gone_or_damaged_comes_from_its_own_key():
@@ -232,9 +252,9 @@ def test_store_size_stays_bounded_whatever_the_number_of_calls():
     world_size = 4
     job = Job(world_size, timeout=1.0)
     # A rank's records read but not yet cleaned lag its posts by at most a clean-up's and an ack's
-    # interval; its acks not yet taken are those written between two clean-ups; and one slot.
+    # interval; its acks not yet taken are those written between two clean-ups; and the slots (emptied, kept).
     per_rank = queues.CLEAN_EVERY + queues.PUBLISH_EVERY + queues.CLEAN_EVERY // queues.PUBLISH_EVERY + 1
-    bound = 1 + (world_size - 1) * per_rank
+    bound = queues.SLOTS + (world_size - 1) * per_rank
     sizes = []
     for count in range(1, 401):
         for rank in range(1, world_size):
@@ -277,7 +297,7 @@ def _queues(job):
     return sorted(k for k in job.store.data if not k.startswith("slot/"))
 
 
-def test_main_process_deletes_only_the_slot_it_read_and_publishes_rarely():
+def test_main_process_empties_only_the_slot_it_read_and_publishes_rarely():
     job = Job(3)
     for count in range(1, 33):
         for rank in (1, 2):
@@ -285,8 +305,8 @@ def test_main_process_deletes_only_the_slot_it_read_and_publishes_rarely():
         job.store.calls.clear()
         job.call(count)
         calls = [c[0] for c in job.store.calls]
-        assert set(calls) <= {"compare_set", "delete_key", "multi_set", "wait"}
-        assert calls.count("compare_set") == calls.count("delete_key") == 1
+        assert set(calls) <= {"compare_set", "multi_set", "wait"}
+        assert calls.count("compare_set") == 2  # the slot, read and emptied
         assert calls.count("multi_set") == (1 if count % queues.PUBLISH_EVERY == 0 else 0)  # both ranks' acks
 
 

@@ -34,8 +34,8 @@ Identity = tuple[tuple[str, str, int], int]
 class SlotHookStore(InMemoryStore):
     """A store that runs the actions in `after_slot_read` once the main process has read a slot.
 
-    Right after the read and its delete (the copies land in a new slot), or between the two when
-    `between` is set (the copies are deleted unread: the race a real store has).
+    Right after the read and the swap that empties it (the copies land in the emptied slot), or between
+    the two when `between` is set (the race a real store has: the swap fails, and the slot is read again).
     """
 
     def __init__(self) -> None:
@@ -49,9 +49,10 @@ class SlotHookStore(InMemoryStore):
             action()
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        absent = key not in self.data
+        unread = not self.data.get(key)  # absent or emptied: the read is all, no swap follows
         value: bytes = super().compare_set(key, expected, desired)
-        if key.startswith("slot/") and (self.between or absent):
+        swap = desired in (b"", "")
+        if key.startswith("slot/") and (swap or self.between or unread):
             self._fire()
         return value
 
