@@ -97,16 +97,8 @@ def parse_mode(value: object) -> str:
     return word
 
 
-COLLAPSE_WORDS = {
-    "1": True,
-    "on": True,
-    "true": True,
-    "yes": True,
-    "0": False,
-    "off": False,
-    "false": False,
-    "no": False,
-}
+# The switch's words, without the empty one (an unset variable is the default, not "on").
+COLLAPSE_WORDS = {**{word: True for word in ON_WORDS if word}, **dict.fromkeys(OFF_WORDS, False)}
 
 
 def parse_collapse(value: object) -> bool:

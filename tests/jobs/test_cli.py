@@ -84,7 +84,7 @@ def test_status_names_versions_body_and_outlook():
     assert out.splitlines()[0].endswith(f"({REPO / 'accelerate_inorder_fix'})"), out
     assert "accelerate: 1.15.0" in out
     assert "torch: 2." in out
-    assert "log body: known, the one of accelerate 1.13.0-1.15.x" in out
+    assert "log body: known, the one of accelerate 1.13.0-1.16.x" in out
     assert "a Python process here gets the fix: yes" in out
     assert "mode: barrier (default)" in out
     assert "collapse: off (default)" in out

@@ -5,7 +5,7 @@ import pytest
 from conftest import RELEASES, release_line, run_python
 
 
-LINES = {"0.20": "0.20.0-0.30.0", "0.31": "0.30.1-1.12.x", "1.13": "1.13.0-1.15.x"}
+LINES = {"0.20": "0.20.0-0.30.0", "0.31": "0.30.1-1.12.x", "1.13": "1.13.0-1.16.x"}
 
 
 @pytest.mark.parametrize("version", RELEASES)

@@ -43,4 +43,4 @@ def test_an_unknown_body_is_not_a_release_line():
     assert _upstream.fingerprint(log) not in _upstream.KNOWN_BODIES
     assert _upstream.known_release_line(log) is None
     assert _upstream.UpstreamBody(release_line=None).known is False
-    assert _upstream.UpstreamBody(release_line="1.13.0-1.15.x").known is True
+    assert _upstream.UpstreamBody(release_line="1.13.0-1.16.x").known is True

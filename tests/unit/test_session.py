@@ -74,20 +74,9 @@ def test_every_rank_takes_the_main_process_mode_and_a_rank_that_differs_says_so(
         session.close()
 
 
-def test_a_configure_after_the_agreement_is_a_switch_every_rank_follows():
-    store = InMemoryStore()
-    main, rank1 = _sessions(store)
-    settings = [_settings("barrier"), _settings("barrier")]
-    assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["barrier", "barrier"]
-    for own in settings:
-        own.configure(mode="gather")
-    assert [s.mode(_rank(r), settings[r]) for r, s in enumerate((main, rank1))] == ["gather", "gather"]
-    for session in (main, rank1):
-        session.close()
-
-
-def test_the_last_process_to_close_deletes_every_mode_word():
-    """The job's words (at its start, its first call, each switch) outlive every reader but not the job."""
+def test_a_configure_after_the_agreement_is_a_switch_every_rank_follows_and_the_last_to_close_deletes_the_words():
+    """A switch made on every rank is taken by every rank. The job's words (at its start, its first call,
+    each switch) outlive every reader but not the job: the last process to close deletes them."""
     store = InMemoryStore()
     main, rank1 = _sessions(store)
     settings = [_settings("barrier"), _settings("barrier")]
