@@ -41,7 +41,7 @@ SCRIPT = str(SCRIPTS / "train_exit.py")
 VERSION = "1.15.0"
 NPROC = 4
 RUNS = int(os.environ.get("AIF_EXIT_RUNS", "3"))
-CALLS = 16  # in_order calls per job in one mode (train_exit.STEPS + 1)
+CALLS = 32  # in_order calls per job in one mode (train_exit.STEPS + 1): a gather-mode rank's clean-up runs once
 SWITCH_AT = 8  # train_exit.SWITCH_AT
 ABORT = ("terminate called without an active exception", "(SIGABRT)")
 RECORD = re.compile(r"^(?:\[RANK (?P<prefix>\d+)\] )?exit#(?P<call>\d+) r(?P<rank>\d+) .* @@main by=r(?P<by>\d+)$")

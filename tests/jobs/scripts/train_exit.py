@@ -29,9 +29,9 @@ import threading
 PATCH = sys.argv[1]
 END = sys.argv[2]
 SWITCH = sys.argv[3] if len(sys.argv) > 3 else "none"
-# 16 in_order calls in one mode: in gather mode a rank's 16th post wakes its clean-up thread (every 8
-# posts; the main process acked its first 8 records at its 8th call), just before the job ends.
-STEPS = 15
+# 32 in_order calls in one mode: in gather mode a rank's 32nd post wakes its clean-up thread (every
+# `queues.CLEAN_EVERY` = 32 posts; the main process acked its first 24 by then), just before the job ends.
+STEPS = 31
 SWITCH_AT = 8
 LOGGER = "aif.exit"
 
