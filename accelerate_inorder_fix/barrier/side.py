@@ -61,6 +61,23 @@ class BarrierSide:
         Handoff(self.checkin, arrival).take_turns(record.emit)
 
 
+# What the deciding rank says of the ranks that did not make a call, by why it was given up: what
+# happened, its cost as a share of the timeout, and what came first in what happens next.
+_GIVEN_UP = {
+    Why.CYCLE: (
+        "had not made it, waiting at another in_order call ({other}) for the ranks here",
+        0.5,
+        "the call was given up halfway through the wait so that the other could go on; ",
+    ),
+    Why.ABSENT: (
+        "had not made it, missing since an earlier in_order call and not back within half of {env} in all",
+        0.5,
+        "",
+    ),
+}
+_NOT_MADE = ("did not make it within {timeout:g} s ({env})", 1.0, "")
+
+
 def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> None:
     """One line per diverged site and rank that has something to say; a retired site says nothing more."""
     where = site_text(site)
@@ -77,15 +94,6 @@ def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> 
         text = CallWarning(where, (rank,), "came after the call had been given up", 0, tail, COLLECTIVE)
     elif rank != speaker or verdict.why is Why.RETIRED:
         return
-    elif verdict.why is Why.CYCLE:
-        text = CallWarning(
-            where,
-            named,
-            f"had not made it, waiting at another in_order call ({verdict.other}) for the ranks here",
-            timeout / 2,
-            f"the call was given up halfway through the wait so that the other could go on; {tail}",
-            COLLECTIVE,
-        )
     elif verdict.why is Why.TIMEOUT and not verdict.missing:
         text = CallWarning(
             where,
@@ -95,17 +103,14 @@ def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> 
             timeout,
             tail,
         )
-    elif verdict.why is Why.ABSENT:
+    else:
+        what, share, before_tail = _GIVEN_UP.get(verdict.why, _NOT_MADE)
         text = CallWarning(
             where,
             named,
-            f"had not made it, missing since an earlier in_order call and not back within half of {TIMEOUT_ENV} in all",
-            timeout / 2,
-            tail,
+            what.format(other=verdict.other, timeout=timeout, env=TIMEOUT_ENV),
+            timeout * share,
+            before_tail + tail,
             COLLECTIVE,
-        )
-    else:
-        text = CallWarning(
-            where, named, f"did not make it within {timeout:g} s ({TIMEOUT_ENV})", timeout, tail, COLLECTIVE
         )
     warn_once(text, key=("checkin", site))
