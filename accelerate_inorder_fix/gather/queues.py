@@ -41,6 +41,9 @@ The invariants, each with the test that guards it (unit tests in tests/unit, job
   comes out exactly once (test_collector_delivery.py::test_every_record_exactly_once_in_rank_order_within_the_bound).
 - The key is the record: a copy that is missing, damaged or read too early costs only itself, and the
   main process reads the key (test_collector.py::test_record_whose_copy_is_gone_or_damaged_comes_from_its_own_key).
+  A copy read ahead of its rank's next record is kept, up to `BOUND` places ahead (as far as a rank can
+  run), so ranks that run ahead cost no key reads
+  (test_collector.py::test_ranks_running_a_bound_ahead_give_every_record_from_its_copy).
 - A post whose connection fails asks again on a fresh one (`Outbox.resend`): a `compare_set` the server
   applied before the reply was lost does not make the rank print the record too
   (test_explorer_path.py::test_a_post_applied_before_its_connection_failed_is_emitted_once;
@@ -430,10 +433,14 @@ class StoreInbox:
         return None if copy is None else self.reader.decode(rank, copy)
 
     def _keep(self, copy: CopyLine) -> None:
-        """Keep a copy of a record not taken yet (the first of each), if it is among its rank's next few."""
+        """Keep a copy of a record not taken yet (the first of each), if it is among its rank's next `BOUND`.
+
+        A rank runs up to `BOUND` records ahead of the main process, so a slot holds copies of up to
+        `BOUND // SLOTS` places of each rank: a copy dropped here would make its record come from its key.
+        """
         rank = copy[RANK]
         place = copy[PLACE]
-        if 0 <= place - self.cursor[rank] < SLOTS:
+        if 0 <= place - self.cursor[rank] < BOUND:
             self.kept.setdefault((rank, place), copy)
 
     def _read_slots(self, ranks: Union[list[int], set[int]]) -> list[CopyLine]:

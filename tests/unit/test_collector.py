@@ -111,6 +111,23 @@ def test_a_copy_appended_while_its_slot_is_read_is_taken_from_the_slot():
     assert not [c for c in job.store.calls if c[0] in ("multi_get", "get", "wait")] and not job.warnings
 
 
+def test_ranks_running_a_bound_ahead_give_every_record_from_its_copy():
+    # Ranks that do not wait for the main process run up to BOUND records ahead: a slot then holds
+    # copies of several of their places (n, n + SLOTS, ...), read at once; each is kept, none re-read from its key.
+    job = Job(3)
+    ahead = queues.BOUND - 1
+    for count in range(1, ahead + 1):
+        for rank in (1, 2):
+            job.post(rank, SITE, count)
+    job.store.calls.clear()
+    for count in range(1, ahead + 1):
+        job.call(count)
+    assert [job.during(("block", SITE, c)) for c in range(1, ahead + 1)] == [
+        [(SITE, c, r) for r in range(3)] for c in range(1, ahead + 1)
+    ]
+    assert not [c for c in job.store.calls if c[0] in ("multi_get", "get", "wait")] and not job.warnings
+
+
 def test_record_whose_copy_is_gone_or_damaged_comes_from_its_own_key():
     job = Job(4)
     for rank in (1, 2, 3):
