@@ -364,18 +364,13 @@ class Collector:
             self._emit_collapsed(block, identity)
             return
         loggers: dict[str, logging.Logger] = {}
-        build = _copies.build
         for rank in sorted(block):
             entry = block[rank]
-            if entry is None:
-                continue
-            try:  # `_hand_over`, inline: once per record of the block
-                record = build(entry)
-                name = record.name
-                logger = loggers.get(name) or loggers.setdefault(name, _records.logger_for(record))
-                logger.callHandlers(record)
-            except Exception as exc:
-                self._dropped(rank, identity, exc)
+            if entry is not None:
+                try:
+                    _hand_over(_copies.build(entry), loggers)
+                except Exception as exc:
+                    self._dropped(rank, identity, exc)
 
     def _emit_collapsed(self, block: Block, identity: Identity) -> None:
         """`_emit_block` with collapse on: the block's records grouped (`collapse.collapse`), then emitted."""

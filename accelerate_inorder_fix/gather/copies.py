@@ -70,7 +70,6 @@ _CREATED = DeltaCopy.CREATED
 _MSECS = DeltaCopy.MSECS
 _RELATIVE_CREATED = DeltaCopy.RELATIVE_CREATED
 _FULL = FullCopy.LENGTH
-_NEW_RECORD = logging.LogRecord.__new__
 
 
 class Base(NamedTuple):
@@ -179,6 +178,4 @@ def build(entry: Union[logging.LogRecord, DeferredRecord]) -> logging.LogRecord:
     attributes["created"] = delta[_CREATED]
     attributes["msecs"] = delta[_MSECS]
     attributes["relativeCreated"] = delta[_RELATIVE_CREATED]
-    record = _NEW_RECORD(logging.LogRecord)  # `records.rebuild`, inline: once per record of a block
-    record.__dict__ = attributes
-    return record
+    return records.rebuild(attributes)
