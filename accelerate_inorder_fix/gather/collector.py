@@ -14,10 +14,12 @@ that rank's record of `identity`, or the deadline passes. Records met on the way
 Then the block goes out in rank order, followed, if ranks are missing, by one warning naming them.
 
 A call site the main process has never called from, whose records have been kept a whole timeout
-(`if not accelerator.is_main_process: logger.info(..., in_order=True)`), is *others-only*: what was kept
-for it goes out at once, block by block, with one warning naming the site and the ranks, and its later
-records are emitted as they are found, on their own, never kept. So the kept records stay bounded by
-what arrives within a timeout, not by the number of calls (until the main process calls from there).
+(`if not accelerator.is_main_process: logger.info(..., in_order=True)`), is *others-only*: what was
+kept for it goes out at once, block by block, with one warning naming the site and the ranks, and its
+later records are emitted as they are found, on their own, never kept. The timeout counts from the end
+of the main process's call that found the first of them: a main-only call that waits a timeout for the
+others must not age the records of their next site, which the main process is about to call from. So
+the kept records stay bounded by what arrives within a call and a timeout, not by the number of calls.
 
 Reading is batched (`queues`): first whatever is in the shared slot already, without waiting;
 then, for ranks still missing, one wait on all of them and one read, so a block of 1,024 ranks costs
@@ -112,7 +114,7 @@ class Collector:
     State (each bounded by the number of call sites and ranks, whatever the number of calls):
     - `pending`: identity -> `Block`, records of calls the main process has not made yet (first seen first);
     - `made`: site -> the main process's last call there (a record of a call it made already came late);
-    - `kept_since`: site the main process never called from -> when a record for it was first kept;
+    - `kept_since`: site the main process never called from -> when the call that first kept a record for it ended;
     - `others_only`: sites kept from a whole timeout without the main process calling there: emitted as found;
     - `absent`: site -> ranks that missed a call there, not waited for there until a record of theirs
       for that site arrives;
@@ -133,6 +135,7 @@ class Collector:
         self.absent: dict[Site, set[int]] = {}
         self.quiet: dict[int, float] = {}
         self.kept_since: dict[Site, float] = {}
+        self._first_kept: set[Site] = set()  # sites of `kept_since` to come: first kept during the current call
         self.others_only: set[Site] = set()
         self._heard: set[int] = set()  # ranks with a record taken during the current call
 
@@ -171,8 +174,8 @@ class Collector:
                 )  # late: its block is out, so it goes alone, not into another
         else:
             self.pending.setdefault(identity, {})[rank] = record
-            if identity[0] not in self.made:
-                self.kept_since.setdefault(identity[0], time.monotonic())
+            if identity[0] not in self.made and identity[0] not in self.kept_since:
+                self._first_kept.add(identity[0])
 
     def _hear(self, rank: int, site: Site) -> None:
         """A record of `rank` for `site` arrived: it is not quiet, nor absent there, any more."""
@@ -299,8 +302,12 @@ class Collector:
         """Emit what was kept for sites the main process has not called from in a whole timeout (others-only).
 
         One warning per such site, naming the ranks; from now on their records there go out as found.
+        A site first kept during this call is timed from now.
         """
         now = time.monotonic()
+        for site in self._first_kept:
+            self.kept_since.setdefault(site, now)
+        self._first_kept.clear()
         for site, since in list(self.kept_since.items()):
             if site in self.made:
                 del self.kept_since[site]

@@ -244,6 +244,32 @@ def test_a_site_only_other_ranks_call_is_emitted_within_a_timeout_and_keeps_the_
     assert job.during(("flush",)) == [] and not any("never made" in w for w in job.warnings)
 
 
+def test_records_found_while_a_main_only_call_waits_are_not_aged_by_that_wait(monkeypatch):
+    """The main process waits a whole timeout in a call only it makes (`if is_main_process:
+    logger.info(..., in_order=True)`); meanwhile the others post their next call's records. Timed from
+    when they were found, they were a timeout old by the end of that call and went out as others-only,
+    and the main process's own call there then waited once more for them (the c10d-warnings job test's 4 lines)."""
+    now = [0.0]
+    monkeypatch.setattr(_collector, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    job = Job(3, timeout=0.5)
+    wait = job.collector.source.wait
+
+    def others_post_then_time_runs_out(ranks, seconds):
+        if not job.handler.seen and (OTHER, 1) not in job.collector.pending:
+            for rank in (1, 2):
+                job.post(rank, OTHER, 1)  # found by this wait: kept for OTHER, which the main process calls next
+            return wait(ranks, seconds)
+        now[0] += seconds  # nothing more comes: the main-only call waits its whole timeout
+        return False
+
+    job.collector.source.wait = others_post_then_time_runs_out
+    job.call(1)  # only the main process calls at SITE
+    assert (OTHER, 1) in job.collector.pending and job.during(("block", SITE, 1)) == [(SITE, 1, 0)]
+    job.call(1, site=OTHER)
+    assert job.during(("block", OTHER, 1)) == [(OTHER, 1, r) for r in range(3)]
+    assert not any("has not within" in w for w in job.warnings) and len(job.warnings) == 1, job.warnings
+
+
 def test_absent_rank_is_not_waited_for_until_it_posts_again():
     job = Job(3, timeout=0.3)
     job.post(1, SITE, 1)
