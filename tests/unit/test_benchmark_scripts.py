@@ -112,4 +112,4 @@ def test_bench_store_ops_tables_each_kind_of_store_request():
     job = _run("bench_store_ops.py", "--ops", "200", "--repeats", "1", "--port", str(port))
     rows = _table(job.lines, "| request |")
     assert len(rows) == 9 and any(row[0].startswith("delete_key") for row in rows), rows
-    assert all(float(row[2]) > 0 for row in rows), rows
+    assert all(len(row) == 4 and float(row[2]) > 0 and float(row[3]) > 0 for row in rows), rows  # client CPU, wall
