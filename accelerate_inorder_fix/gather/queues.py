@@ -51,7 +51,10 @@ The invariants, each with the test that guards it (unit tests in tests/unit, job
 - A delta copy is used only against the full copy the main process decoded as its base
   (test_copies.py::test_a_delta_whose_base_was_not_read_is_not_used).
 - The main process empties nothing but the slot it read, atomically (a copy appended meanwhile is read
-  too: test_collector.py::test_a_copy_appended_while_its_slot_is_read_is_taken_from_the_slot), and acks a rank's queue every `PUBLISH_EVERY`
+  too: test_collector.py::test_a_copy_appended_while_its_slot_is_read_is_taken_from_the_slot), and never
+  deletes one while it reads: a slot appended to faster than a round trip is left as read, and its next
+  read goes on from there
+  (test_collector.py::test_a_slot_appended_to_faster_than_it_can_be_emptied_loses_no_copy); it acks a rank's queue every `PUBLISH_EVERY`
   records it read there, all ranks in one `multi_set`
   (test_collector.py::test_main_process_empties_only_the_slot_it_read_and_publishes_rarely).
 - A rank deletes only its own records below the main process's acked mark
@@ -345,6 +348,7 @@ class StoreInbox:
         self.batched = callable(getattr(store, "multi_get", None))
         self.slotted = callable(getattr(store, "append", None))
         self.kept: dict[tuple[int, int], CopyLine] = {}  # (rank, place) -> a copy read from a slot, not yet taken
+        self.unemptied: dict[str, int] = {}  # slot -> the length read of it, when `_empty` could not empty it
         self.reader = copies.CopyReader()
         self.acks = [0] * world_size  # per rank: acks written
         self.acked = [0] * world_size  # per rank: the read mark its last ack said
@@ -444,13 +448,19 @@ class StoreInbox:
             self.kept.setdefault((rank, place), copy)
 
     def _read_slots(self, ranks: Union[list[int], set[int]]) -> list[CopyLine]:
-        """Read and empty the slot of every place `ranks` are at (usually one); the copies in them."""
+        """Read and empty the slot of every place `ranks` are at (usually one); the copies in them.
+
+        A slot that could not be emptied last time (`_empty`) still starts with what was read then:
+        only what follows it is parsed.
+        """
         found: list[CopyLine] = []
         for n in {self.cursor[r] for r in ranks} if self.slotted else ():
             name = slot_key(n)
             blob = peek(self.store, name)  # never waits
             if blob:  # absent (None) or emptied (b""): no copy there
-                found.extend(copies.parse_slot(self._empty(name, blob), len(self.cursor)))
+                done = self.unemptied.pop(name, 0)
+                read = self._empty(name, blob)
+                found.extend(copies.parse_slot(read[done:] if len(blob) >= done else read, len(self.cursor)))
         return found
 
     def _empty(self, name: str, blob: bytes) -> bytes:
@@ -459,8 +469,10 @@ class StoreInbox:
         Emptied only if it still holds what was read (`compare_set(name, read, b"")`): a copy appended
         between the read and a delete would be lost with it, and its record read from its key, whole.
         An append in between fails the swap, whose answer is the slot now: the read grows by it, and
-        the swap is tried again, `EMPTY_TRIES` times at most before the slot is deleted as it is. An
-        emptied slot stays, as b"": a copy appended to it is a line like any other.
+        the swap is tried again, `EMPTY_TRIES` times at most. Past them (ranks appending to it faster
+        than a round trip, as 1,024 ranks posting the same call do), the slot is left as it is and its
+        length noted in `unemptied`: the next read parses only what was appended after it and empties
+        it. An emptied slot stays, as b"": a copy appended to it is a line like any other.
         """
         read = blob
         for _ in range(EMPTY_TRIES):
@@ -468,7 +480,7 @@ class StoreInbox:
             if now == b"" or now == read:  # emptied; or gone (an absent key answers what was expected)
                 return read
             read = now
-        self.store.delete_key(name)
+        self.unemptied[name] = len(read)
         return read
 
     def _decode(self, rank: int, payload: bytes) -> Taken:

@@ -111,6 +111,32 @@ def test_a_copy_appended_while_its_slot_is_read_is_taken_from_the_slot():
     assert not [c for c in job.store.calls if c[0] in ("multi_get", "get", "wait")] and not job.warnings
 
 
+def test_a_slot_appended_to_faster_than_it_can_be_emptied_loses_no_copy():
+    # 1,024 ranks posting one call append to its slot faster than a round trip: every swap of the main
+    # process fails. The slot is then left as read (a delete lost the copies appended after the last read).
+    job = Job(7)
+    job.post(1, SITE, 1)
+    swap, swaps = job.store.compare_set, []
+
+    def appended_meanwhile(key, expected, desired):
+        if desired != b"" or len(swaps) >= queues.EMPTY_TRIES:
+            return swap(key, expected, desired)
+        swaps.append(key)
+        job.post(1 + len(swaps), SITE, 1)  # ranks 2..5: each swap fails
+        answer = swap(key, expected, desired)
+        if len(swaps) == queues.EMPTY_TRIES:
+            job.post(6, SITE, 1)  # after the last failed swap's answer: read by no swap
+        return answer
+
+    job.store.compare_set = appended_meanwhile
+    job.store.calls.clear()
+    job.call(1)
+    assert job.during(("block", SITE, 1)) == [(SITE, 1, r) for r in range(7)]
+    assert not [c for c in job.store.calls if c[0] in ("multi_get", "get", "delete_key")] and not job.warnings
+    # rank 6's copy came from the slot's next read (waiting for rank 6), which emptied it
+    assert job.store.data[queues.slot_key(0)] == b"" and not job.collector.source.unemptied
+
+
 def test_ranks_running_a_bound_ahead_give_every_record_from_its_copy():
     # Ranks that do not wait for the main process run up to BOUND records ahead: a slot then holds
     # copies of several of their places (n, n + SLOTS, ...), read at once; each is kept, none re-read from its key.
