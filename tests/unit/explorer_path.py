@@ -34,7 +34,8 @@ After each schedule `check` holds, at the numbers of `accelerate_inorder_fix.bou
   after its first call always; no call waits over `bounds.CALL` once it holds the session lock (the time a
   thread waits for the lock is the other thread's calls': the lock is not fair, as an `RLock` is not);
 - after each main call, the collector keeps the records of a site the main process never called from for
-  less than T since it first kept one there (then the site is others-only, its records emitted as found):
+  less than T since the end of the main call that first kept one there (then the site is others-only, its
+  records emitted as found):
   its kept state does not grow per call;
 - a switch: each call made in the same mode on every rank; one made on one rank only: one warning
   there, the job's mode kept, no record lost;
@@ -176,6 +177,7 @@ class PathSim(Sim):
         self.nested = False  # the handler made its in_order call (`PathScript.nested_at`)
         self.kept_counts: list[int] = []  # after each main call: the records the collector keeps
         self.kept_ages: list[float] = []  # after each main call: how long each others-only site's records were kept
+        self.first_kept: dict[Any, float] = {}  # site -> when a main call first ended with records kept for it
 
     def actor(self) -> int:
         return self.threads[threading.get_ident()]
@@ -323,8 +325,9 @@ class Actor:
     def _kept_age(self) -> None:
         """How long the collector has kept records of a site the main process never called from (others-only).
 
-        The collector keeps such a site's records at most a timeout from when it first kept one
-        (`Collector._release_others_only`), then emits them and keeps none there any more.
+        The collector keeps such a site's records at most a timeout from the end of the main call that
+        first kept one (`Collector._release_others_only`), then emits them and keeps none there any more.
+        Timed here from the first main call seen to end with them kept, not from the collector's own clock.
         """
         side = self.process.session._gather
         collector = None if side is None else side._collector
@@ -332,7 +335,10 @@ class Actor:
             return
         sites = {identity[0] for identity, block in collector.pending.items() if block} - set(collector.made)
         now = self.sim.now
-        self.sim.kept_ages += [now - collector.kept_since.get(site, -float("inf")) for site in sites]
+        first = self.sim.first_kept
+        for site in [site for site in first if site not in sites]:
+            del first[site]
+        self.sim.kept_ages += [now - first.setdefault(site, now) for site in sites]
         self.sim.kept_counts.append(sum(len(block) for block in collector.pending.values()))
 
     def main(self) -> None:
@@ -658,7 +664,7 @@ def _waits(sim: PathSim) -> list[str]:
 
 def _kept(sim: PathSim) -> list[str]:
     """After each main call, the collector keeps records of a site the main process never called from for less
-    than T since it first kept one there: its kept state does not grow per call."""
+    than T since the end of the main call that first kept one there: its kept state does not grow per call."""
     oldest = max(sim.kept_ages, default=0.0)
     return [f"the collector kept records of an others-only site {oldest / T:g} T (>= 1 T)"] if oldest >= T else []
 
