@@ -385,8 +385,8 @@ class StoreInbox:
         """The next record of each rank in `ranks` (each known to be there), in a few round trips.
 
         Ranks at the same place in their queues share a slot: one read of it gives them all (and
-        deletes it, so no slot outgrows one round of records). A record whose copy cannot give it
-        (a store without `append`, a slot already read, a damaged copy) comes from its own key.
+        empties it: a slot holds what was appended since it was last read, `_empty`). A record whose
+        copy cannot give it (a store without `append`, a damaged copy) comes from its own key.
         """
         for copy in self._read_slots(ranks):
             self._keep(copy)
