@@ -14,8 +14,9 @@ ACCELERATE=${AIF_ACCELERATE:-$(grep -v "^#" scripts/releases.txt | tail -n 1)}
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
 
 start=$SECONDS
+. scripts/install-torch.sh
 [ -x "$PY" ] || python3 -m venv "$VENV"
-"${PIP[@]}" torch==2.13.0
+install_torch "$PY"  # torch==2.13.0, the CPU build on a machine without an NVIDIA driver
 # Editable: the demo runs this checkout as it is. Re-run every time (the start-up hook is a copy).
 "${PIP[@]}" "accelerate==$ACCELERATE" -e .
 echo "demo: set-up took $((SECONDS - start)) s ($VENV: torch 2.13.0, accelerate $ACCELERATE, this package)" >&2

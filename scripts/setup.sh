@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up for the demo and the tests. torch 2.13.0 (CPU wheel) goes in first, so that
-# nothing later pulls a CUDA build; then this package with its test extra (pytest, ruff, import-linter,
+# Idempotent set-up for the tests. torch 2.13.0 goes in first (`install-torch.sh`: the CPU build on a machine
+# without an NVIDIA driver), so that nothing later pulls a CUDA build; then this package with its test extra (pytest, ruff, import-linter,
 # build, twine, check-jsonschema: everything scripts/test.sh runs), then the accelerate releases the
 # tests cover (scripts/releases.txt).
 set -euo pipefail
@@ -9,8 +9,9 @@ VENV=${AIF_VENV:-.venv}
 PY=$VENV/bin/python
 RELEASES=${AIF_RELEASES:-$(grep -v "^#" scripts/releases.txt | tr "\n" " ")}
 
+. scripts/install-torch.sh
 [ -x "$PY" ] || python3 -m venv "$VENV"
-"$PY" -m pip install -q --disable-pip-version-check torch==2.13.0
+install_torch "$PY"
 # Re-run every time: the editable install copies the start-up hook (.pth + module) into the venv, and
 # the copy must follow the source. tests/conftest.py keeps that hook off for all but its own tests.
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
@@ -42,7 +43,7 @@ done
 UPSTREAM_VENV=${AIF_UPSTREAM_VENV:-.venv-upstream}
 UPY=$UPSTREAM_VENV/bin/python
 [ -x "$UPY" ] || python3 -m venv "$UPSTREAM_VENV"
-"$UPY" -m pip install -q --disable-pip-version-check torch==2.13.0
+install_torch "$UPY"
 # ruff: the pin of accelerate's `make quality` (setup.py, extras["quality"]), run on the patches.
 "$UPY" -m pip install -q --disable-pip-version-check pytest setuptools wheel ruff==0.13.1 \
   numpy packaging psutil pyyaml huggingface_hub safetensors

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The test command (README's, and CI's through .ci/run): set up (idempotent), the lint (ruff,
 # import-linter, mypy --strict; fail fast), then pytest: the whole suite, or what the arguments name
-# (`bash scripts/test.sh tests/unit`: the unit tier, about two minutes). Every multi-rank test has a hard timeout that kills the job's whole process tree.
+# (`bash scripts/test.sh tests/unit`: the lint and the unit tier, set-up included, without the job tier's
+# releases). Every multi-rank test has a hard timeout that kills the job's whole process tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# The unit tier alone needs no accelerate release, sdist or second venv: only torch and this package.
+jobs=0
+for arg in "${@:-tests}"; do
+  case "$arg" in tests/unit | tests/unit/* | -*) ;; *) jobs=1 ;; esac
+done
+AIF_SETUP_JOBS=${AIF_SETUP_JOBS:-$jobs} bash scripts/setup.sh
 BIN=${AIF_VENV:-.venv}/bin
 "$BIN/ruff" check .
 "$BIN/ruff" format --check .
