@@ -9,7 +9,10 @@ nothing from the files it checks, nor torch or accelerate) and reports, in flake
     AIF003  a call collective under DeepSpeed or FSDP only (`accelerator.save_state()`...) on such a path
 
 A call on a rank-dependent path is reported only when the paths through its function are unbalanced for
-its kind (the balancing rule, in `paths`).
+its kind (the balancing rule, in `paths`): one finding per rank-dependent branch, saying how the ranks'
+counts differ. A collective is accelerate's, `torch.distributed`'s (or a module that is it under another name:
+`deepspeed.comm`, `mmengine.dist`), or a method of a framework's object (`rank.RECEIVERS`: the accelerator,
+Lightning Fabric, a Lightning or OpenRLHF strategy, the DeepSpeed engine, transformers' `Trainer`).
 
 `sources` lists the rank sources (every name read as a rank or a main-process flag, in one place), `rank` says
 what a rank-dependent value and a collective are, `helpers` which of the user's own functions certainly make a

@@ -16,8 +16,9 @@ from .report import EXIT_UNREADABLE, parse_codes, run
 HELP = "find in_order calls and collectives that only some ranks reach (static, before launch)"
 DESCRIPTION = (
     "Read Python files (directories recursively) with `ast`, importing nothing from them, and "
-    "report in flake8's format each in_order log call (AIF001), known collective (AIF002) and call that is "
-    "collective under DeepSpeed or FSDP (AIF003, `save_state`...) on a "
+    "report in flake8's format each in_order log call (AIF001), known collective (AIF002: accelerate's, "
+    "torch.distributed's, mmengine.dist's, Lightning Fabric's, a strategy's, the DeepSpeed engine's) and call "
+    "that is collective under DeepSpeed or FSDP (AIF003, `save_state`, `trainer.save_model`...) on a "
     "rank-dependent path: under `if accelerator.is_main_process:`, `if args.local_rank in [-1, 0]:`, after `if "
     "rank != 0: return`, in a function decorated `@accelerator.on_main_process`...; also a call there to your "
     "own function that makes one (files given together: their functions too). Each finding names its rank "

@@ -17,7 +17,7 @@ class Plugin:
     """flake8's tree plugin protocol: constructed with the module's tree, `run()` yields the findings."""
 
     name = "accelerate-inorder-fix"
-    version = "3"
+    version = "4"
 
     def __init__(self, tree: ast.Module, lines: Sequence[str]) -> None:
         self.tree = tree

@@ -6,16 +6,19 @@ defined in the same file (a module-level function, or a method called on `self`)
 together with it that the call's name is imported from, counts as the collective the function makes.
 
 Only a collective the function makes on every path through it counts: one in its top-level statements, or
-inside a `with` or `try` body, before any statement that can leave (`return`, `raise`) and outside any
-`if` or loop. A collective behind a condition (which may test a parameter: `if sync: barrier()`) is not
-followed, and neither is a second call deep: silence where the lint cannot be sure.
+inside a `with` or `try` body, before any statement that can leave (`return`, `raise`) and outside any loop.
+An `if` counts only when its test is the same on every rank and reads none of the function's own names
+(`if is_distributed(): dist.barrier()`, `if not dist.is_initialized(): return`): when it is false no rank
+makes the collective and nothing can hang. A test of a parameter (`if sync: barrier()`) is not followed, and
+neither is a second call deep: silence where the lint cannot be sure. An argument that is a framework's
+object (`checkpoint(accelerator, out)`) makes its parameter one inside the function (`acc.save_state()`).
 """
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -41,10 +44,12 @@ class Reach:
     line: int
     function: str
     path: str = ""  # the file, when it is not the caller's own
+    when: str = ""  # the tests, the same on every rank, it is made under: "`is_distributed()`"
 
     def where(self) -> str:
-        """`line 350`, or `utils.py:350` when the function is in another file."""
-        return f"{Path(self.path).name}:{self.line}" if self.path else f"line {self.line}"
+        """`line 350`, or `utils.py:350` when the function is in another file; and when it is made."""
+        place = f"{Path(self.path).name}:{self.line}" if self.path else f"line {self.line}"
+        return f"{place}, when {self.when}" if self.when else place
 
 
 def mentions_collective(source: bytes) -> bool:
@@ -52,16 +57,16 @@ def mentions_collective(source: bytes) -> bool:
     return _MENTIONS_COLLECTIVE.search(source) is not None
 
 
-def call_kind(call: ast.Call, imports: Mapping[str, str], accelerators: frozenset[str]) -> Optional[str]:
+def call_kind(call: ast.Call, imports: Mapping[str, str], receivers: rank.Receivers) -> Optional[str]:
     """What the balancing rule counts: "in_order", a collective's name (and group), a state method's name."""
     if rank.is_in_order_call(call):
         return "in_order"
-    name = rank.collective_name(call, imports, accelerators)
+    name = rank.collective_name(call, imports, receivers)
     if name:
         group = next((k.value for k in call.keywords if k.arg == "group"), None)
         suffix = "" if group is None else f"[group={ast.unparse(group)}]"
         return "collective:" + _BARRIERS.get(name, name) + suffix
-    state = rank.state_collective(call, accelerators)
+    state = rank.state_collective(call, receivers)
     return f"state:{state}" if state else None
 
 
@@ -82,32 +87,90 @@ def functions(tree: ast.Module) -> dict[str, FunctionNode]:
     return {name: defs[0] for name, defs in seen.items() if len(defs) == 1}
 
 
-def reach(fn: FunctionNode, imports: Mapping[str, str], accelerators: frozenset[str]) -> Optional[Reach]:
-    """The first collective `fn` makes on every path through it, or None."""
-    call = _first_sure_call(fn.body, lambda c: call_kind(c, imports, accelerators) is not None)
-    if call is None:
+def reach(fn: FunctionNode, imports: Mapping[str, str], receivers: rank.Receivers) -> Optional[Reach]:
+    """The first collective `fn` makes on every path through it (under tests the same on every rank), or None."""
+    own = {a.arg for a in _parameters(fn)[_skipped_self(fn) :]} | _bound_names(fn)
+
+    def uniform(test: ast.expr) -> bool:
+        reads = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        return not reads & own and not rank.is_rank_dependent(test, imports, ())
+
+    found = _first_sure_call(fn.body, lambda c: call_kind(c, imports, receivers) is not None, uniform)
+    if found is None:
         return None
-    kind = call_kind(call, imports, accelerators) or ""
+    call, tests = found
+    kind = call_kind(call, imports, receivers) or ""
     text = ast.unparse(call.func)
-    return Reach(kind, f"{text}(..., in_order=True)" if kind == "in_order" else f"{text}()", call.lineno, fn.name)
+    made = f"{text}(..., in_order=True)" if kind == "in_order" else f"{text}()"
+    return Reach(kind, made, call.lineno, fn.name, when=" and ".join(f"`{t}`" for t in tests))
 
 
-def _first_sure_call(body: Sequence[ast.stmt], counts: paths.Counter) -> Optional[ast.Call]:
-    """The first counted call of a block that every path through it makes; None once a statement may leave."""
+Found = tuple[ast.Call, tuple[str, ...]]  # a sure call, and the uniform tests it is made under
+
+
+def _first_sure_call(
+    body: Sequence[ast.stmt], counts: paths.Counter, uniform: Callable[[ast.expr], bool]
+) -> Optional[Found]:
+    """The first counted call of a block that every path through it makes (an `if` the same on every rank
+    taken as true); None once a statement may leave, unless it is `if <uniform>: return`."""
     for stmt in body:
-        if isinstance(stmt, (ast.With, ast.AsyncWith, ast.Try)):
+        found: Optional[Found] = None
+        if isinstance(stmt, ast.If) and uniform(stmt.test):
+            if not stmt.orelse and len(stmt.body) == 1 and shapes.is_exit(stmt.body[0]):
+                continue  # `if not dist.is_initialized(): return`: the rest runs whenever it matters
+            inner = _first_sure_call(stmt.body, counts, uniform)
+            found = None if inner is None else (inner[0], (ast.unparse(stmt.test), *inner[1]))
+        elif isinstance(stmt, (ast.With, ast.AsyncWith, ast.Try)):
             heads = [i.context_expr for i in stmt.items] if not isinstance(stmt, ast.Try) else []
-            found = next((c for h in heads for c in _calls(h) if counts(c)), None)
-            found = found or _first_sure_call(stmt.body, counts)
+            call = next((c for h in heads for c in _calls(h) if counts(c)), None)
+            found = (call, ()) if call is not None else _first_sure_call(stmt.body, counts, uniform)
         elif isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)):
-            found = next((c for c in _calls(stmt) if counts(c)), None)
-        else:
-            found = None
+            call = next((c for c in _calls(stmt) if counts(c)), None)
+            found = None if call is None else (call, ())
         if found is not None:
             return found
         if _may_leave(stmt):
             return None
     return None
+
+
+def _parameters(fn: FunctionNode) -> list[ast.arg]:
+    args = fn.args
+    return [a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a is not None]
+
+
+def _skipped_self(fn: FunctionNode) -> int:
+    """1 when the first parameter is `self` or `cls` (its attributes are the object's state, not an argument)."""
+    params = [*fn.args.posonlyargs, *fn.args.args]
+    return 1 if params and params[0].arg in ("self", "cls") else 0
+
+
+def _bound_names(fn: FunctionNode) -> set[str]:
+    """Every name the function binds itself (its locals), not in nested functions."""
+    names: set[str] = set()
+    stack: list[ast.AST] = list(fn.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        stack.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, _NESTED))
+    return names
+
+
+def passed_receivers(fn: FunctionNode, call: ast.Call, receivers: rank.Receivers) -> dict[str, str]:
+    """The parameters of `fn` this call gives a framework's object: `checkpoint(accelerator, out)` makes
+    `def checkpoint(acc, path)`'s `acc` an accelerator inside it."""
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if isinstance(call.func, ast.Attribute):
+        params = params[_skipped_self(fn) :]  # `self.save(acc)`: the first argument is the second parameter
+    given = [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords if k.arg)]
+    found = {}
+    for param, value in given:
+        parts = None if isinstance(value, ast.Starred) else rank.dotted(value)
+        kind = receivers.get(parts[-1]) if parts else None
+        if kind is not None and param not in receivers:
+            found[param] = kind
+    return found
 
 
 def _calls(node: ast.AST) -> Iterator[ast.Call]:
@@ -178,12 +241,13 @@ class Package:
 
 def _summarise(tree: ast.Module, path: str) -> dict[str, Reach]:
     """Each module-level function of a file that certainly makes a collective, by name."""
-    imports, accelerators = rank.import_table(tree), rank.accelerator_names(tree)
+    imports = rank.import_table(tree)
+    receivers = rank.receiver_names(tree, imports)
     found = {}
     for name, fn in functions(tree).items():
-        summary = None if "." in name else reach(fn, imports, accelerators)
+        summary = None if "." in name else reach(fn, imports, receivers)
         if summary is not None:
-            found[name] = Reach(summary.kind, summary.call, summary.line, summary.function, path)
+            found[name] = Reach(summary.kind, summary.call, summary.line, summary.function, path, summary.when)
     return found
 
 

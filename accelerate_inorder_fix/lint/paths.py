@@ -11,7 +11,12 @@ holding a count of the kind. A condition is evaluated for each rank where it can
 `local_rank not in [-1, 0]`, `is_main_process`); a rank-dependent part that cannot (`rank in group_ranks`)
 is a bit each rank may hold either way, every combination tried; a part that is the same on every rank
 (`args.push_to_hub`) sends all ranks the same way, both ways tried. Anything the run cannot follow (a loop
-whose trip count is the rank, too many combinations) is `None`: the caller decides, and stays silent.
+whose trip count is the rank, too many combinations) is unknown: the caller stays silent.
+
+A value a collective delivered (`broadcast(size, src)` then `n = size.item()`) is the same on every rank that
+receives it, and what the sender tested to send it: a test of it on some ranks only (`if n == 0: return`) is
+unknown, not a fork of its own, so the sender's `if len(data) == 0:` and the receivers' `if n == 0:` never
+pair up into paths that no run takes.
 """
 
 from __future__ import annotations
@@ -49,6 +54,34 @@ class Unbalanced(Exception):
 
 
 @dataclass(frozen=True)
+class Imbalance:
+    """How the ranks' counts differ on one path: each count with the ranks making it, or the rank-dependent
+    loop that makes them differ."""
+
+    counts: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    loop: str = ""
+
+    def describe(self, what: str) -> str:
+        """`dist.barrier()`: rank 0 makes 1, ranks 1-3 make 0` (of `WORLD` ranks), or the loop's head."""
+        if self.loop:
+            return f"{what} in `{self.loop}`, whose number of turns depends on the rank"
+        seen = [r for _, ranks in self.counts for r in ranks]
+        if len(seen) != len(set(seen)):  # a rank in two groups: a test the run cannot evaluate, both ways
+            return f"{what}: some ranks make " + ", others ".join(str(n) for n, _ in self.counts)
+        made = (f"{_ranks(ranks)} {'makes' if len(ranks) == 1 else 'make'} {n}" for n, ranks in self.counts)
+        return f"{what}: " + ", ".join(made)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """`rank 0`, `ranks 1-3`, `ranks 0, 2`."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if list(ranks) == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+@dataclass(frozen=True)
 class Scenario:
     """One rank, with its bits for the rank-dependent unknowns, in one world of same-on-every-rank unknowns."""
 
@@ -62,11 +95,20 @@ class Context:
     """One module's imports, its names for the backend and a scope's rank-dependent names, for conditions."""
 
     def __init__(
-        self, imports: Mapping[str, str], names: Definitions, backend_names: Mapping[str, ast.expr] = {}
+        self,
+        imports: Mapping[str, str],
+        names: Definitions,
+        backend_names: Mapping[str, ast.expr] = {},
+        delivered: Collection[str] = (),
     ) -> None:
         self.imports = imports
         self.names = names
         self.backend_names = backend_names  # `is_fsdp = accelerator.distributed_type == ...`: same on every rank
+        self.delivered = delivered  # names whose value a collective delivered (`delivered_names`)
+
+    def reads_delivered(self, node: ast.expr) -> bool:
+        """Whether the expression reads a value a collective delivered (`size.item() == 0`)."""
+        return bool(self.delivered) and any(isinstance(n, ast.Name) and n.id in self.delivered for n in ast.walk(node))
 
     def rank_dependent(self, node: ast.expr) -> bool:
         return rank.is_rank_dependent(node, self.imports, self.names)
@@ -85,6 +127,9 @@ class Context:
             return sources.value_for(kind, scen.rank, WORLD)
         if isinstance(node, ast.Name):
             return self._name_value(node.id, scen, depth)
+        held = rank.held_name(node)
+        if held is not None and held in self.names:
+            return self._name_value(held, scen, depth)
         if isinstance(node, (ast.Attribute, ast.Call)):
             found = _backend_value(node, scen)
             if found is not _UNKNOWN or isinstance(node, ast.Attribute):
@@ -152,6 +197,46 @@ class Context:
             probe = Scenario(0, {}, {}, None)
             if self.value(test, probe) is _UNKNOWN:
                 yield ast.dump(test), self.rank_dependent(test)
+
+
+def delivered_names(body: Sequence[ast.stmt], is_collective: Counter) -> frozenset[str]:
+    """The scope's names whose value a collective delivered: passed to one as a buffer (`broadcast(size, src)`),
+    bound from one, or bound from such a name (`n = size.item()`). Not in nested functions."""
+    names: set[str] = set()
+    assigns: list[ast.Assign] = []
+    stack: list[ast.AST] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Call) and is_collective(node):
+            names.update(_buffers(node.args))
+        elif isinstance(node, ast.Assign):
+            assigns.append(node)
+        stack.extend(_children(node))
+    if not names:
+        return frozenset()
+    changed = True
+    while changed:
+        before = len(names)
+        for node in assigns:
+            if any(
+                isinstance(n, ast.Name) and n.id in names or isinstance(n, ast.Call) and is_collective(n)
+                for n in ast.walk(node.value)
+            ):
+                stored = (n for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name))
+                names.update(n.id for n in stored if isinstance(n.ctx, ast.Store))  # not `videos[i] = ...`'s `videos`
+        changed = len(names) != before
+    return frozenset(names)
+
+
+def _buffers(args: Sequence[ast.expr]) -> Iterator[str]:
+    """The names a collective can write into: its positional arguments that are names, or in a list of them
+    (`broadcast(size, src)`, `broadcast_object_list([obj])`); not `gather(loss.repeat(args.n))`'s `args`."""
+    for arg in args:
+        for item in arg.elts if isinstance(arg, (ast.List, ast.Tuple)) else [arg]:
+            if isinstance(item, ast.Starred):
+                item = item.value
+            if isinstance(item, ast.Name):
+                yield item.id
 
 
 def backend_names(nodes: Sequence[ast.AST]) -> dict[str, ast.expr]:
@@ -317,6 +402,7 @@ class _Run:
         """Both sides for every rank alike when the test is the same everywhere; else each rank its own side."""
         one = frozenset({vec})
         if not self.ctx.rank_dependent(test):
+            self.refuse_delivered(test, mask)
             decided = self.world.get(ast.dump(test))
             sides = frozenset() if decided is False else self.checked(body, one, mask)
             return sides | (frozenset() if decided else self.checked(orelse, one, mask))
@@ -324,6 +410,11 @@ class _Run:
         yes = tuple(m and t for m, t in zip(mask, taken))
         no = tuple(m and not t for m, t in zip(mask, taken))
         return self.block(orelse, self.block(body, one, yes), no)
+
+    def refuse_delivered(self, test: ast.expr, mask: tuple[bool, ...]) -> None:
+        """A test of a value a collective delivered, on some ranks only: it goes as the sender's did (unknown)."""
+        if not all(mask) and self.ctx.reads_delivered(test):
+            raise GiveUp("a test of a value a collective delivered")
 
     def checked(
         self, body: Sequence[ast.stmt], states: frozenset[Vector], mask: tuple[bool, ...]
@@ -345,6 +436,7 @@ class _Run:
             if any(self._leaves_or_counts(s) for s in node.body):
                 raise GiveUp("a loop whose turns depend on the rank, and a way out in it")
             return frozenset({vec})
+        self.refuse_delivered(head, mask)
         decided = self.world.get(_head_key(node))
         once = frozenset(
             _set_status(v, mask, _LIVE, only=_SKIP) for v in self.block(node.body, frozenset({vec}), mask)
@@ -433,8 +525,11 @@ def _repeated_heads(body: Sequence[ast.AST], ctx: Context, counts: Counter) -> s
     return {key for key, times in seen.items() if times > 1}
 
 
-def balanced(body: Sequence[ast.stmt], ctx: Context, counts: Counter, backend: Optional[str] = None) -> Optional[bool]:
-    """Whether every rank reaches as many counted calls as every other, on every path; None if unknown."""
+def imbalance(
+    body: Sequence[ast.stmt], ctx: Context, counts: Counter, backend: Optional[str] = None
+) -> Optional[Imbalance]:
+    """How the ranks' counts of the counted calls differ on a path, if they certainly do; None if they balance
+    on every path or the run cannot tell."""
     bits: set[str] = set()
     try:
         mixed = _repeated_heads(body, ctx, counts)
@@ -447,9 +542,13 @@ def balanced(body: Sequence[ast.stmt], ctx: Context, counts: Counter, backend: O
     if len(bits) + len(mixed) > _MAX_ATOMS:
         return None
     try:
-        return all(_balanced_in(body, ctx, counts, backend, sorted(bits), world) for world in _worlds(sorted(mixed)))
-    except Unbalanced:
-        return False
+        for world in _worlds(sorted(mixed)):
+            found = _imbalance_in(body, ctx, counts, backend, sorted(bits), world)
+            if found is not None:
+                return found
+        return None
+    except Unbalanced as loop:
+        return Imbalance(loop=str(loop))
     except (GiveUp, RecursionError):
         return None
 
@@ -459,15 +558,15 @@ def _worlds(keys: Sequence[str]) -> Iterator[Mapping[str, bool]]:
         yield dict(zip(keys, values))
 
 
-def _balanced_in(
+def _imbalance_in(
     body: Sequence[ast.stmt],
     ctx: Context,
     counts: Counter,
     backend: Optional[str],
     bits: Sequence[str],
     world: Mapping[str, bool],
-) -> bool:
-    """One world: every scenario's rank and bits run together; balanced if every path ends with equal counts."""
+) -> Optional[Imbalance]:
+    """One world: every scenario's rank and bits run together; the first path whose counts differ, if any."""
     scenarios = [
         Scenario(r, dict(zip(bits, values)), world, backend)
         for r in RANKS
@@ -476,7 +575,13 @@ def _balanced_in(
     run = _Run(ctx, counts, scenarios)
     start: Vector = tuple((0, _LIVE) for _ in scenarios)
     ends = run.block(body, frozenset({start}), tuple(True for _ in scenarios))
-    return all(len({count for count, _ in vec}) == 1 for vec in ends)
+    for vec in sorted(ends):
+        by_count: dict[int, set[int]] = {}
+        for (count, _), scen in zip(vec, scenarios):
+            by_count.setdefault(count, set()).add(scen.rank)
+        if len(by_count) > 1:
+            return Imbalance(tuple((n, tuple(sorted(r))) for n, r in sorted(by_count.items(), reverse=True)))
+    return None
 
 
 def counted(kinds: Collection[str], kind_of: Callable[[ast.Call], Optional[str]]) -> Counter:

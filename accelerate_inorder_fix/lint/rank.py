@@ -7,14 +7,17 @@ arithmetic over them; a check that is the same on every rank, such as `local_ran
 distributed?"), does not count. A call counts as a collective only
 when its name cannot belong to something else: `gather` and `reduce` only on an accelerator or from
 `accelerate`, `barrier` and `broadcast` only from `torch.distributed` or a module known to be it under another
-name (`deepspeed.comm`); an unknown module named `dist` is not. AIF003's methods (`save_state`...) count on an
-accelerator only: `Accelerator()`, a parameter annotated so, or a name or attribute bound to one.
+name (`deepspeed.comm`, `mmengine.dist`); an unknown module named `dist` is not. A method counts on a receiver
+of its framework only (`RECEIVERS`): `accelerator.save_state`, `fabric.barrier`, `strategy.all_reduce`,
+`model_engine.save_checkpoint`, `trainer.save_model`; a receiver is one by its conventional name, by being built
+(`Accelerator()`, `Fabric()`, `DeepspeedStrategy()`, the engine `deepspeed.initialize()` returns first), by a
+parameter's annotation, or by being bound to one.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Optional, Union
 
 from .sources import RANK, RANK_NAMES, RANK_PREDICATES, RANK_VARIABLES
@@ -29,6 +32,7 @@ TORCH_DISTRIBUTED = frozenset(
     {"barrier", "all_reduce", "all_gather", "broadcast", "reduce", "monitored_barrier", "all_gather_object"}
     | {"broadcast_object_list", "all_to_all", "all_to_all_single", "reduce_scatter", "all_gather_into_tensor"}
     | {"reduce_scatter_tensor", "gather", "scatter", "gather_object", "scatter_object_list"}
+    | {"collect_results", "all_reduce_dict", "all_reduce_params", "sync_random_seed"}  # mmengine.dist's own
 )
 # Modules that are torch.distributed under another name: they define (or re-export) the same collectives.
 # deepspeed.comm wraps each torch.distributed collective; nanotron.distributed does `from torch.distributed
@@ -38,6 +42,7 @@ DISTRIBUTED_ALIASES = (
     "deepspeed.comm",
     "torch.distributed.distributed_c10d",
     "nanotron.distributed",
+    "mmengine.dist",
 )
 # Accelerator methods that are collective under DeepSpeed or FSDP only (accelerate's Accelerator: save_state
 # and load_state call the engine's save/load_checkpoint or save/load_fsdp_model; get_state_dict consolidates
@@ -48,6 +53,43 @@ STATE_COLLECTIVES = {
     "get_state_dict": ("DeepSpeed ZeRO-3", "FSDP"),
     "save_model": ("DeepSpeed ZeRO-3", "FSDP"),
 }
+# The frameworks' objects whose methods every rank must call, by framework: its conventional receiver names,
+# the class names that build one, and its collective methods (AIF002) and methods collective under DeepSpeed
+# ZeRO-3 or FSDP only (AIF003, `STATE_COLLECTIVES`). Lightning's `Fabric` and `Strategy` (barrier...), OpenRLHF's
+# strategy (`all_reduce`, `save_model`: it gathers ZeRO-3 shards), the DeepSpeed engine, transformers' `Trainer`.
+ACCELERATOR = "accelerator"
+RECEIVERS: dict[str, tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str]]] = {
+    ACCELERATOR: (
+        frozenset({"accelerator"}),
+        frozenset({"Accelerator"}),
+        frozenset({*ACCELERATE_ONLY, *ACCELERATE_AMBIGUOUS}),
+        frozenset(STATE_COLLECTIVES),
+    ),
+    "fabric": (
+        frozenset({"fabric"}),
+        frozenset({"Fabric"}),
+        frozenset({"barrier", "all_reduce", "all_gather", "broadcast", "save", "load"}),
+        frozenset(),
+    ),
+    "strategy": (
+        frozenset({"strategy"}),
+        frozenset({"Strategy"}),  # a class name ending so: DeepspeedStrategy, FSDPStrategy
+        frozenset(
+            {"barrier", "broadcast", "reduce", "all_reduce", "all_gather", "save_model", "save_ckpt", "load_ckpt"}
+        ),
+        frozenset(),
+    ),
+    "engine": (
+        frozenset({"model_engine"}),
+        frozenset({"DeepSpeedEngine"}),
+        frozenset({"save_checkpoint", "load_checkpoint"}),
+        frozenset(),
+    ),
+    "trainer": (frozenset({"trainer"}), frozenset({"Trainer"}), frozenset(), frozenset({"save_model"})),
+}
+Receivers = Mapping[str, str]  # a receiver's (last) name -> its framework, a key of RECEIVERS
+_ENGINE_BUILDERS = frozenset({"deepspeed.initialize"})  # `model_engine, optimizer, _, _ = deepspeed.initialize()`
+
 # Wrappers that keep a value's rank-dependence: int(os.environ["RANK"]) is as rank-dependent as the string.
 _TRANSPARENT_CALLS = frozenset({"int", "bool", "str"})
 
@@ -117,16 +159,19 @@ def qualified(node: ast.expr, imports: Mapping[str, str]) -> Optional[str]:
     return ".".join([imports[parts[0]], *parts[1:]])
 
 
-def accelerator_names(tree: Union[ast.Module, Sequence[ast.AST]]) -> frozenset[str]:
-    """Names and attributes bound to an accelerator in this file, plus the conventional `accelerator`.
+def receiver_names(tree: Union[ast.Module, Sequence[ast.AST]], imports: Mapping[str, str] = {}) -> Receivers:
+    """Names and attributes bound to a framework's object in this file, plus the conventional names: name -> framework.
 
-    An accelerator is `Accelerator(...)`, a parameter annotated `Accelerator`, or a name already known to be
-    one: `self.acc = Accelerator()` and `def __init__(self, acc: Accelerator): self.trainer_acc = acc` make
-    `acc` and `trainer_acc` receivers whose `gather`/`save_state` count. A name is matched by its last part.
+    A receiver is built (`Accelerator(...)`, `L.Fabric(...)`, `DeepspeedStrategy(...)`), a parameter annotated
+    with its class, the first name `deepspeed.initialize(...)` returns (the engine), or a name already known to
+    be one: `self.acc = Accelerator()` and `def __init__(self, acc: Accelerator): self.trainer_acc = acc` make
+    `acc` and `trainer_acc` accelerators. A name is matched by its last part.
     """
     nodes = list(ast.walk(tree)) if isinstance(tree, ast.Module) else tree
-    names = {"accelerator"}
-    names.update(n.arg for n in nodes if isinstance(n, ast.arg) and _names_accelerator_type(n.annotation))
+    names = {name: kind for kind, (conventional, *_) in RECEIVERS.items() for name in conventional}
+    for node in nodes:
+        if isinstance(node, ast.arg) and _built_kind(node.annotation) is not None:
+            names[node.arg] = _built_kind(node.annotation) or ""
     assigns = [
         n for n in nodes if isinstance(n, ast.Assign) and isinstance(n.value, (ast.Call, ast.Name, ast.Attribute))
     ]
@@ -134,24 +179,44 @@ def accelerator_names(tree: Union[ast.Module, Sequence[ast.AST]]) -> frozenset[s
     while changed:
         before = len(names)
         for node in assigns:
-            if _is_accelerator_value(node.value, names):
-                names.update(n for n in map(_last_part, node.targets) if n)
+            for target, kind in _bound_receivers(node, names, imports):
+                names.setdefault(target, kind)
         changed = len(names) != before
-    return frozenset(names)
+    return names
 
 
-def _names_accelerator_type(annotation: Optional[ast.expr]) -> bool:
-    if annotation is None:
-        return False
-    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
-        return annotation.value.rsplit(".", 1)[-1] == "Accelerator"
-    return last_name(annotation) == "Accelerator"
-
-
-def _is_accelerator_value(value: ast.expr, names: set[str]) -> bool:
+def _bound_receivers(node: ast.Assign, names: Receivers, imports: Mapping[str, str]) -> Iterator[tuple[str, str]]:
+    """(name, framework) for each target this assignment binds to a receiver."""
+    value = node.value
     if isinstance(value, ast.Call):
-        return last_name(value.func) == "Accelerator"
-    return _last_part(value) in names
+        if (
+            ".".join(dotted(value.func) or []) in _ENGINE_BUILDERS
+            or qualified(value.func, imports) in _ENGINE_BUILDERS
+        ):
+            first = [t.elts[0] for t in node.targets if isinstance(t, (ast.Tuple, ast.List)) and t.elts]
+            yield from ((n, "engine") for n in map(_last_part, first) if n)
+            return
+        kind = _built_kind(value.func)
+    else:
+        kind = names.get(_last_part(value) or "")
+    if kind is not None:
+        yield from ((n, kind) for n in map(_last_part, node.targets) if n)
+
+
+def _built_kind(node: Optional[ast.expr]) -> Optional[str]:
+    """The framework whose class a constructor call or annotation names (`Accelerator`, `"Accelerator"`)."""
+    if node is None:
+        return None
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        name: Optional[str] = node.value.rsplit(".", 1)[-1]
+    else:
+        name = last_name(node)
+    if not name:
+        return None
+    for kind, (_, classes, *_) in RECEIVERS.items():
+        if name in classes or kind == "strategy" and name.endswith("Strategy"):
+            return kind
+    return None
 
 
 def _last_part(node: ast.expr) -> Optional[str]:
@@ -170,8 +235,8 @@ def is_in_order_call(call: ast.Call) -> bool:
     )
 
 
-def collective_name(call: ast.Call, imports: Mapping[str, str], accelerators: frozenset[str]) -> Optional[str]:
-    """The collective this call certainly is (`wait_for_everyone`, `dist.barrier`...), or None."""
+def collective_name(call: ast.Call, imports: Mapping[str, str], receivers: Receivers) -> Optional[str]:
+    """The collective this call certainly is (`wait_for_everyone`, `dist.barrier`, `fabric.barrier`...), or None."""
     full = qualified(call.func, imports) or ""
     name = full.rsplit(".", 1)[-1] if full else last_name(call.func)  # `gather as g`: g is gather
     if name is None:
@@ -180,26 +245,25 @@ def collective_name(call: ast.Call, imports: Mapping[str, str], accelerators: fr
         return name
     if name in TORCH_DISTRIBUTED and full.startswith("torch.distributed."):
         return f"torch.distributed.{name}"
-    if name in ACCELERATE_AMBIGUOUS:
-        if full.startswith("accelerate."):
-            return name
-        if on_accelerator(call, accelerators):
-            return name
-    return None
-
-
-def on_accelerator(call: ast.Call, accelerators: frozenset[str]) -> bool:
-    """Whether the call is a method of an accelerator: `accelerator.x()`, `self.accelerator.x()`."""
-    receiver = dotted(call.func.value) if isinstance(call.func, ast.Attribute) else None
-    return bool(receiver) and receiver is not None and receiver[-1] in accelerators
-
-
-def state_collective(call: ast.Call, accelerators: frozenset[str]) -> Optional[str]:
-    """`save_state`, `load_state`, `get_state_dict` or `save_model` called on an accelerator, or None."""
-    name = last_name(call.func)
-    if name in STATE_COLLECTIVES and on_accelerator(call, accelerators):
+    if name in ACCELERATE_AMBIGUOUS and full.startswith("accelerate."):
         return name
+    kind = receiver_of(call, receivers)
+    if kind is not None and name in RECEIVERS[kind][2]:
+        return name if kind == ACCELERATOR else f"{kind}.{name}"
     return None
+
+
+def receiver_of(call: ast.Call, receivers: Receivers) -> Optional[str]:
+    """The framework of the object whose method this is: `accelerator.x()`, `self.fabric.x()`, else None."""
+    receiver = dotted(call.func.value) if isinstance(call.func, ast.Attribute) else None
+    return receivers.get(receiver[-1]) if receiver else None
+
+
+def state_collective(call: ast.Call, receivers: Receivers) -> Optional[str]:
+    """A method collective under DeepSpeed or FSDP only (`accelerator.save_state`, `trainer.save_model`), or None."""
+    name = last_name(call.func)
+    kind = receiver_of(call, receivers)
+    return name if kind is not None and name in RECEIVERS[kind][3] else None
 
 
 def _is_environ(node: ast.expr, imports: Mapping[str, str]) -> bool:
@@ -257,10 +321,22 @@ def _is_presence_check(op: ast.cmpop, constant: ast.expr) -> bool:
     return value < 0 or (value == 0 and isinstance(op, (ast.GtE, ast.Lt)))
 
 
+def held_name(node: ast.expr) -> Optional[str]:
+    """The key a rank-dependent name or `self` attribute is held under: `rank`, `self._is_rank_zero`; else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return f"self.{node.attr}"
+    return None
+
+
 def is_rank_dependent(node: ast.expr, imports: Mapping[str, str], tainted: Collection[str]) -> bool:
     """Whether this expression's value certainly differs between the ranks of one job."""
+    held = held_name(node)
+    if held is not None and held in tainted:
+        return True
     if isinstance(node, ast.Name):
-        return node.id in tainted
+        return False
     if is_rank_source(node, imports):
         return True
     if isinstance(node, ast.UnaryOp):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
@@ -18,13 +19,11 @@ from typing import Optional, TextIO
 
 from .helpers import Package
 from .sources import mentions_rank
-from .walker import CODES, Finding, check_tree
+from .walker import CODES, Finding, check_tree, silences
 
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_UNREADABLE = 0, 1, 2
 FORMATS = ("text", "json")
-# flake8's own syntax: a bare noqa comment silences every code; `noqa: AIF001,E501` those codes (by prefix).
-_NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z][0-9A-Z]*(?:[,\s]+[A-Z][0-9A-Z]*)*))?", re.IGNORECASE)
 
 
 def python_files(paths: Sequence[str]) -> Iterator[tuple[str, Optional[str]]]:
@@ -44,15 +43,7 @@ def python_files(paths: Sequence[str]) -> Iterator[tuple[str, Optional[str]]]:
 
 def is_suppressed(finding: Finding, lines: Sequence[str]) -> bool:
     """Whether the finding's line carries `# noqa` or `# noqa: <a prefix of its code>`."""
-    if not 0 < finding.line <= len(lines):
-        return False
-    match = _NOQA.search(lines[finding.line - 1])
-    if match is None:
-        return False
-    codes = match.group("codes")
-    if codes is None:
-        return True
-    return any(finding.code.startswith(code.upper()) for code in re.split(r"[,\s]+", codes) if code)
+    return 0 < finding.line <= len(lines) and silences(lines[finding.line - 1], finding.code)
 
 
 def check_file(path: str, package: Optional[Package] = None) -> list[Finding]:
@@ -75,10 +66,33 @@ def _encoding(source: bytes) -> str:
     return detect_encoding(lambda: next(lines, b""))[0]
 
 
+# Statements newer than some Python this runs on, by how their line starts: (pattern, version, what).
+_NEWER_SYNTAX = (
+    (re.compile(r"\s*type\s+[A-Za-z_]\w*\s*[\[=]"), (3, 12), "a `type` statement"),
+    (re.compile(r"\s*(async\s+)?def\s+[A-Za-z_]\w*\s*\["), (3, 12), "a generic function (`def f[T]`)"),
+    (re.compile(r"\s*class\s+[A-Za-z_]\w*\s*\["), (3, 12), "a generic class (`class C[T]`)"),
+    (re.compile(r"\s*except\s*\*"), (3, 11), "`except*`"),
+    (re.compile(r"\s*(match|case)\b"), (3, 10), "a `match` statement"),
+)
+
+
+def needed_python(line: str) -> Optional[str]:
+    """`Python 3.12 (a `type` statement)` when the line that does not parse is syntax newer than this Python."""
+    for pattern, version, what in _NEWER_SYNTAX:
+        if sys.version_info < version and pattern.match(line):
+            return f"Python {version[0]}.{version[1]} or newer ({what})"
+    return None
+
+
 def _why(path: str, error: Exception) -> str:
-    if isinstance(error, SyntaxError):
-        return f"{path}:{error.lineno or 0}:{error.offset or 0}: cannot parse: SyntaxError: {error.msg}"
-    return f"{path}: cannot read: {type(error).__name__}: {error}"
+    if not isinstance(error, SyntaxError):
+        return f"{path}: cannot read: {type(error).__name__}: {error}"
+    where = f"{path}:{error.lineno or 0}:{error.offset or 0}: cannot parse"
+    needs = needed_python(error.text or "")
+    if needs is not None:
+        this = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        return f"{where}: the file needs {needs}, this is Python {this}; run lint on that Python to check it"
+    return f"{where}: SyntaxError: {error.msg}"
 
 
 def parse_codes(text: Optional[str]) -> tuple[str, ...]:
@@ -109,7 +123,11 @@ def summary(found: Sequence[tuple[str, Finding]], files: int, unreadable: int, e
     for _, finding in found:
         by_code[finding.code] = by_code.get(finding.code, 0) + 1
     counts = ", ".join(f"{code} {n}" for code, n in sorted(by_code.items()))
-    skipped = f", {unreadable} not checked (missing, unreadable or unparsable: named above)" if unreadable else ""
+    skipped = (
+        f", {unreadable} not checked (missing, unreadable or unparsable: named above; the rest checked)"
+        if unreadable
+        else ""
+    )
     totals = f"{len(found)} finding(s) in {files} file(s) checked{skipped} ({elapsed:.2f} s)"
     return f"lint: {totals}; by code: {counts}\n"
 

@@ -6,12 +6,12 @@ job (`paths` evaluates conditions with it): the rank itself (`RANK`), a test for
 last rank (`LAST`).
 
 - `RANK_NAMES`: an attribute of any object (`self.rank`, `args.local_rank`, `trainer.data_parallel_rank`,
-  `accelerator.is_main_process`); also a parameter, or a name bound by tuple unpacking from a call, with
+  `accelerator.is_main_process`, `state.is_world_process_zero`); also a parameter, or a name bound by tuple unpacking from a call, with
   this name (`def finish(..., is_main_process: bool)`, `rank, world = init_dist()`).
 - `RANK_PREDICATES`: a call to a function or method of this name (`dist.get_rank()`,
   `distributed_utils.is_master(cfg)`, `is_rank_0()`).
 - `RANK_VARIABLES`: the environment variables (`os.environ["RANK"]`, `os.getenv("LOCAL_RANK")`).
-- `RANK_DECORATORS`: a function decorated with one of these runs on some ranks only.
+- `RANK_DECORATORS`: a function decorated with one of these runs on some ranks only (`@master_only`: mmengine's).
 
 A name bound only from rank-dependent values (`RANK = lm.rank`, `is_main = rank == 0`) is one too: the walker
 follows assignment, tuple unpacking and aliasing inside a function and from the module into its functions.
@@ -21,7 +21,9 @@ A name that merely contains one of these (`self.ranking`, `lora_rank`) is not on
 from __future__ import annotations
 
 import ast
+import copy
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -33,6 +35,7 @@ RANK_NAMES = {
     **dict.fromkeys(("process_index", "local_process_index"), RANK),  # accelerate's
     **dict.fromkeys(("is_main_process", "is_local_main_process", "is_main", "is_master", "is_local_master"), ZERO),
     **dict.fromkeys(("is_rank_0", "is_rank_zero", "is_global_zero"), ZERO),  # is_global_zero: Lightning's
+    **dict.fromkeys(("is_world_process_zero", "is_local_process_zero"), ZERO),  # transformers' TrainerState
     "is_last_process": LAST,
 }
 RANK_PREDICATES = {
@@ -43,7 +46,7 @@ RANK_PREDICATES = {
 }
 RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK"})
 RANK_DECORATORS = frozenset(
-    {"on_main_process", "on_local_main_process", "on_process", "on_last_process", "rank_zero_only"}
+    {"on_main_process", "on_local_main_process", "on_process", "on_last_process", "rank_zero_only", "master_only"}
 )
 # Every identifier a rank-dependent value starts from: a file that spells none of them has no finding.
 # (`rank` covers every name that contains it; the decorators and `is_main`/`is_master` need their own.)
@@ -87,6 +90,25 @@ def is_named_source(binding: Binding, name: str) -> bool:
     """Whether the binding is a name that stands for itself (`named_source`), valued by its name's kind."""
     value = binding.value
     return isinstance(value, ast.Name) and value.id == name and name in RANK_NAMES
+
+
+def resolved(value: ast.expr, names: Mapping[str, Binding], depth: int = 0) -> ast.expr:
+    """`value` with its scope's rank names replaced by what they hold, so that it reads the same in another
+    scope: `rank == 0`, `rank` a parameter, becomes `_.rank == 0` (an attribute named for the rank)."""
+
+    class Substitute(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.expr:
+            binding = names.get(node.id)
+            if binding is None:
+                return node
+            if is_named_source(binding, node.id):
+                return ast.Attribute(ast.Name("_", ast.Load()), node.id, ast.Load())
+            if binding.value is None or depth > 5:
+                return node
+            return resolved(binding.value, names, depth + 1)
+
+    result: ast.expr = Substitute().visit(copy.deepcopy(value))
+    return result
 
 
 def describe_atom(node: ast.expr) -> str:

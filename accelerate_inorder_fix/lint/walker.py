@@ -33,6 +33,8 @@ IN_ORDER, COLLECTIVE, STATE = "AIF001", "AIF002", "AIF003"
 CODES = (IN_ORDER, COLLECTIVE, STATE)
 _MAX_CONDITION = 60
 _BACKENDS = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP"}
+# flake8's own syntax: a bare noqa comment silences every code; `noqa: AIF001,E501` those codes (by prefix).
+_NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z][0-9A-Z]*(?:[,\s]+[A-Z][0-9A-Z]*)*))?", re.IGNORECASE)
 
 FunctionNode = Union[ast.FunctionDef, ast.AsyncFunctionDef]
 
@@ -70,6 +72,15 @@ class Finding:
     condition_line: int
     source: str = ""  # the rank source that makes the condition rank-dependent
     callee_line: Optional[int] = None  # for a call to the user's own function: the collective's line in it
+
+
+def silences(line: str, code: str) -> bool:
+    """Whether the line carries `# noqa` or `# noqa: <a prefix of code>`."""
+    match = _NOQA.search(line)
+    if match is None:
+        return False
+    codes = match.group("codes")
+    return codes is None or any(code.startswith(c.upper()) for c in re.split(r"[,\s]+", codes) if c)
 
 
 def _text(node: ast.AST) -> str:
@@ -289,13 +300,15 @@ class _Walker:
     ) -> None:
         self.index = _Index.of(tree, lines)
         self.imports = rank.import_table(self.index.nodes)
-        self.accelerators = rank.accelerator_names(self.index.nodes)
+        self.receivers = rank.receiver_names(self.index.nodes, self.imports)
         self.scopes: list[tuple[Sequence[ast.stmt], Definitions]] = []
         self.candidates: list[_Candidate] = []
         self.functions = helpers.functions(tree)
         self.path, self.package = path, package
         self.from_imports = helpers.from_imports(tree) if package is not None else {}
-        self._reaches: dict[str, Optional[helpers.Reach]] = {}
+        self.lines = lines
+        self.attributes: dict[str, list[Optional[Binding]]] = {}  # `self.x` -> each binding (None: not of a rank)
+        self._reaches: dict[tuple[str, tuple[tuple[str, str], ...]], Optional[helpers.Reach]] = {}
 
     def rank_dependent(self, node: ast.expr, tainted: Definitions) -> bool:
         return rank.is_rank_dependent(node, self.imports, tainted)
@@ -306,23 +319,29 @@ class _Walker:
 
     def kind_of(self, call: ast.Call) -> Optional[str]:
         """What the balancing rule counts: the call's own kind, or the one its callee certainly makes."""
-        kind = helpers.call_kind(call, self.imports, self.accelerators)
+        kind = helpers.call_kind(call, self.imports, self.receivers)
         if kind is not None:
             return kind
         reached = self.reach_of(call)
         return None if reached is None else reached.kind
 
+    def is_collective(self, call: ast.Call) -> bool:
+        """Whether the call itself is a collective (not an in_order call, not a user's function)."""
+        return (helpers.call_kind(call, self.imports, self.receivers) or "").startswith("collective")
+
     def reach_of(self, call: ast.Call) -> Optional[helpers.Reach]:
         """The collective a call to the user's own function certainly makes (one call deep), or None."""
         name = ".".join(rank.dotted(call.func) or [])
-        if name not in self._reaches:
-            self._reaches[name] = None  # a function calling itself is not followed into
-            self._reaches[name] = self._find_reach(call.func, name)
-        return self._reaches[name]
+        passed = helpers.passed_receivers(self.functions[name], call, self.receivers) if name in self.functions else {}
+        key = (name, tuple(sorted(passed.items())))
+        if key not in self._reaches:
+            self._reaches[key] = None  # a function calling itself is not followed into
+            self._reaches[key] = self._find_reach(call.func, name, passed)
+        return self._reaches[key]
 
-    def _find_reach(self, func: ast.expr, name: str) -> Optional[helpers.Reach]:
+    def _find_reach(self, func: ast.expr, name: str, passed: rank.Receivers) -> Optional[helpers.Reach]:
         if name in self.functions:
-            return helpers.reach(self.functions[name], self.imports, self.accelerators)
+            return helpers.reach(self.functions[name], self.imports, {**self.receivers, **passed})
         imported = helpers.imported_function(func, self.from_imports)
         if imported is None or self.package is None:
             return None
@@ -332,13 +351,15 @@ class _Walker:
         """`RANK` is bound from `lm.rank` at line 3; for a chain, also where the name it is bound from came from."""
         here = f"`{name}` is bound from `{_text(value)}` at line {value.lineno}"
         atom = self.source_atom(value, tainted)
-        return f"{here}, and {tainted[atom.id].origin}" if isinstance(atom, ast.Name) else here
+        held = None if atom is None else rank.held_name(atom)
+        return f"{here}, and {tainted[held].origin}" if held is not None and held in tainted else here
 
     def source_of(self, expr: ast.expr, tainted: Definitions) -> str:
         """The sentence naming the rank source that makes `expr` rank-dependent (its first one), or ""."""
         atom = self.source_atom(expr, tainted)
-        if isinstance(atom, ast.Name):
-            return tainted[atom.id].origin
+        held = None if atom is None else rank.held_name(atom)
+        if held is not None and held in tainted:
+            return tainted[held].origin
         return "" if atom is None else sources.describe_atom(atom)
 
     def source_atom(self, expr: ast.expr, tainted: Definitions) -> Optional[ast.expr]:
@@ -347,7 +368,7 @@ class _Walker:
             part = next((v for v in expr.values if self.rank_dependent(v, tainted)), None)
             return None if part is None else self.source_atom(part, tainted)
         for node in ast.walk(expr):
-            if isinstance(node, ast.Name) and node.id in tainted:
+            if isinstance(node, (ast.Name, ast.Attribute)) and rank.held_name(node) in tainted:
                 return node
             if isinstance(node, ast.expr) and rank.is_rank_source(node, self.imports):
                 return node
@@ -401,8 +422,33 @@ class _Walker:
                 inner = Reason(
                     "in a function decorated", f"@{_text(decorator)}", decorator.lineno, False, True, source
                 )
-        names = rank_names(self.index.binders.get(id(node), ()), _parameters(node), tainted, self)
+        binders = self.index.binders.get(id(node), ())
+        names = rank_names(binders, _parameters(node), tainted, self)
+        self.record_attributes(binders, names)
         self.walk(node.body, inner, names)
+
+    def record_attributes(self, binders: Iterable[ast.AST], names: Definitions) -> None:
+        """Note each `self.x = ...` of a function: rank-dependent (with its value read in this scope) or not."""
+        for node in binders:
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = None if isinstance(node, ast.AugAssign) else node.value
+                for target in targets:
+                    held = rank.held_name(target)
+                    if held is None or isinstance(target, ast.Name):
+                        continue
+                    binding = None
+                    if value is not None and self.rank_dependent(value, names):
+                        binding = Binding(sources.resolved(value, names), self.origin(held, value, names))
+                    self.attributes.setdefault(held, []).append(binding)
+
+    def rank_attributes(self) -> dict[str, Binding]:
+        """The `self` attributes every binding of which, in this module, is rank-dependent: `self._is_rank_zero`."""
+        return {
+            held: bindings[0] if len(bindings) == 1 else Binding(None, bindings[0].origin)
+            for held, bindings in self.attributes.items()
+            if all(bindings) and bindings[0] is not None
+        }
 
     def condition(self, test: ast.expr, reason: Optional[Reason], tainted: Definitions) -> Optional[str]:
         """The test's text when it is rank-dependent (its own calls are checked on the path that evaluates it)."""
@@ -499,7 +545,13 @@ class _Walker:
             return
         if code == COLLECTIVE and reason.membership and any(k.arg == "group" for k in call.keywords):
             return  # a group's collective under a membership test: only the members take part
-        direct = helpers.call_kind(call, self.imports, self.accelerators) is not None
+        if (
+            self.lines is not None
+            and 0 < call.lineno <= len(self.lines)
+            and silences(self.lines[call.lineno - 1], code)
+        ):
+            return  # silenced before its branch is grouped: the branch's other calls are still reported
+        direct = helpers.call_kind(call, self.imports, self.receivers) is not None
         self.candidates.append(_Candidate(call, code, reason, self.scope, None if direct else self.reach_of(call)))
 
 
@@ -510,27 +562,43 @@ def _code_of_kind(kind: str) -> Optional[str]:
 
 
 def _judge(walker: _Walker) -> Iterator[Finding]:
-    """The candidates the balancing rule keeps: per function and kind, and for AIF003 per backend."""
+    """One finding per rank-dependent branch (per code) whose calls the balancing rule keeps: judged per
+    function and kind, AIF003 per backend; the finding is the branch's first kept call, with the counts."""
     backend_names = paths.backend_names(walker.index.nodes) if walker.candidates else {}
-    groups: dict[tuple[int, str], list[_Candidate]] = {}
+    kinds: dict[tuple[int, str], list[_Candidate]] = {}
     for cand in walker.candidates:
-        groups.setdefault((cand.scope, walker.kind_of(cand.call) or ""), []).append(cand)
-    for (scope, kind), cands in groups.items():
+        kinds.setdefault((cand.scope, walker.kind_of(cand.call) or ""), []).append(cand)
+    branches: dict[tuple[int, int, str], list[tuple[_Candidate, str, list[str], str]]] = {}
+    for (scope, kind), cands in kinds.items():
         body, names = walker.scopes[scope]
-        ctx = paths.Context(walker.imports, names, backend_names)
+        ctx = paths.Context(walker.imports, names, backend_names, paths.delivered_names(body, walker.is_collective))
         counts = paths.counted({kind}, walker.kind_of)
-        if cands[0].code == STATE:
-            backends = [b for b in _BACKENDS if paths.balanced(body, ctx, counts, b) is False]
-        else:
-            backends = list(_BACKENDS) if paths.balanced(body, ctx, counts) is False else []
+        found = {b: paths.imbalance(body, ctx, counts, b if cands[0].code == STATE else None) for b in _BACKENDS}
+        backends = [b for b, imbalance in found.items() if imbalance is not None]
+        what = _counted_text(cands[0])
+        differ = next((i.describe(what) for i in found.values() if i is not None), "")
         for cand in cands:
             if backends or cand.reason.decorated:
-                yield _finding(cand, kind, backends or list(_BACKENDS))
+                key = (cand.scope, cand.reason.line, cand.code)
+                branches.setdefault(key, []).append((cand, kind, backends or list(_BACKENDS), differ))
+    for kept in branches.values():
+        kept.sort(key=lambda k: (k[0].call.lineno, k[0].call.col_offset))
+        yield _finding(kept)
 
 
-def _finding(cand: _Candidate, kind: str, backends: Sequence[str]) -> Finding:
-    """The finding's message: what the call is (or the collective its callee makes), why only some ranks reach
-    it and which rank source says so, and for AIF003 how to fix it."""
+def _counted_text(cand: _Candidate) -> str:
+    """What the balancing rule counted for this call: `dist.barrier()`, or the collective its callee makes."""
+    if cand.reached is not None:
+        return f"`{cand.reached.call}`"
+    return (
+        f"`{_text(cand.call.func)}(..., in_order=True)`" if cand.code == IN_ORDER else f"`{_text(cand.call.func)}()`"
+    )
+
+
+def _finding(kept: Sequence[tuple[_Candidate, str, Sequence[str], str]]) -> Finding:
+    """The branch's finding, at its first call: what the call is (or the collective its callee makes), why only
+    some ranks reach it and which rank source says so, how the ranks' counts differ; for AIF003 how to fix it."""
+    cand, kind, backends, _ = kept[0]
     call, reason, reached = cand.call, cand.reason, cand.reached
     callee = _text(call.func)
     where = f"on a rank-dependent path: {reason.describe()}"
@@ -545,10 +613,20 @@ def _finding(cand: _Candidate, kind: str, backends: Sequence[str]) -> Finding:
         lets = f" (the condition lets every rank through under {covered[0]} only)" if covered else ""
         what, text = "collective under " + " and ".join(names[b] for b in backends) + ",", f"`{callee}()`"
         where, fix = where + lets, "call it on every rank, and write files on the main process only"
+    differ = list(dict.fromkeys(d for *_, d in kept if d))
+    counts = f"; the ranks' counts differ: {'; '.join(differ)}" if differ else ""
+    more = sorted({k[0].call.lineno for k in kept[1:]} - {call.lineno})
+    also = (
+        f" (and {len(more)} more under it: line{'s' if len(more) > 1 else ''} {', '.join(map(str, more))})"
+        if more
+        else ""
+    )
     if reached is None:
-        message = f"{text} is {what} {where}; {fix}"
+        message = f"{text} is {what} {where}{also}{counts}; {fix}"
     else:
-        message = f"`{callee}()` calls `{reached.call}` ({reached.where()}), which is {what} {where}; {fix}"
+        message = (
+            f"`{callee}()` calls `{reached.call}` ({reached.where()}), which is {what} {where}{also}{counts}; {fix}"
+        )
     line = None if reached is None else reached.line
     return Finding(
         call.lineno, call.col_offset + 1, cand.code, message, reason.condition, reason.line, reason.source, line
@@ -564,5 +642,10 @@ def check_tree(
     one of those files count as the collective that function makes.
     """
     walker = _Walker(tree, lines, path, package)
-    walker.walk(tree.body, None, rank_names(walker.index.binders.get(id(tree), ()), (), {}, walker))
+    names = rank_names(walker.index.binders.get(id(tree), ()), (), {}, walker)
+    walker.walk(tree.body, None, names)
+    attributes = walker.rank_attributes()
+    if attributes:  # `self._is_rank_zero = rank == 0` in one method, tested in others: walk again knowing it
+        walker.scopes, walker.candidates = [], []
+        walker.walk(tree.body, None, {**names, **attributes})
     return sorted(_judge(walker), key=lambda f: (f.line, f.col, f.code))
