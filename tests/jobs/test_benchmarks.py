@@ -67,3 +67,21 @@ def test_bench_startup_builds_its_venv_and_times_both_sides():
         "| site.main() in the child, wall",
     ], job.lines
     assert job.lines[-1] == "modules of the package imported at start-up: []", job.lines
+
+
+def test_bench_upstream_in_order_times_both_logs_side_by_side_in_one_job():
+    """`bench_upstream_in_order.py` on 2 real ranks: the released `log` and the `patches/main/` fix's in one job
+    (the script itself asserts that the patched call takes `num_processes` barriers and the released one none)."""
+    script = str(REPO / "benchmarks" / "bench_upstream_in_order.py")
+    cmd = _launch.launch_command([script, "--calls", "3", "--batches", "1"], 2)
+    env = _launch.scenario_env(False, None, [accelerate_dir(LATEST)])
+    job = _launch.run(cmd, env=env, timeout=TIME_BOUND + 60, stall=60)
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
+    assert job.elapsed < TIME_BOUND, job
+    rows = [m.groups() for m in map(re.compile(r"^\| 2 \| (.+) \| [\d.]+ \| [\d.]+ \|$").match, job.lines) if m]
+    assert [name for (name,) in rows] == [
+        "unpatched `debug(..., in_order=True)`",
+        "patched `debug(..., in_order=True)`",
+        "one `wait_for_everyone()`",
+    ], job.lines
+    assert job.lines[0].startswith(f"accelerate {LATEST}, "), job.lines

@@ -46,29 +46,31 @@ PATCH_RELEASES = [
 REGRESSION_TEST = "tests/test_logging_in_order.py"
 REGRESSION_SCRIPT = "src/accelerate/test_utils/scripts/test_logging_in_order.py"  # run by the test with torchrun
 REGRESSION_FILES = (REGRESSION_TEST, REGRESSION_SCRIPT)
-# The cheap single-process tests go into the release's own test file (the 0.20-0.30 series creates it).
+# The cheap single-process test goes into the release's own test file (the 0.20-0.30 series creates it).
 SINGLE_PROCESS_TEST = "tests/test_logging.py"
-SINGLE_PROCESS_TESTS = {"test_in_order_logs_once_at_the_call_site", "test_in_order_hidden_level_still_takes_its_turn"}
-# Where the series' block of single-process tests starts in tests/test_logging.py (the same block in every series).
+HIDDEN_LEVEL_TEST = "test_in_order_hidden_level_still_takes_its_turn"
+# 0.20-0.30 lacks `stacklevel` (#2730) and `test_log_stack`: its series, which adds `stacklevel`, also adds a test of
+# the call site. From 0.31 on upstream's `test_log_stack` covers it, so the other series do not repeat it.
+CALL_SITE_TEST = "test_in_order_logs_once_at_the_call_site"
+SINGLE_PROCESS_TESTS = {
+    "0.20": {CALL_SITE_TEST, HIDDEN_LEVEL_TEST},
+    "0.31": {HIDDEN_LEVEL_TEST},
+    "1.13": {HIDDEN_LEVEL_TEST},
+}
+# Where the series' block of single-process tests starts in tests/test_logging.py (main's block ends every series').
 SINGLE_PROCESS_BLOCK = '@pytest.mark.usefixtures("accelerator")\ndef test_in_order_'
-# Which regression tests the unpatched release fails: since #3280 (1.13) only the rank-local cases.
-ALL_REGRESSION_TESTS = {
-    "test_in_order_default",
-    "test_in_order_main_process_only_false",
-    "test_in_order_rank_dependent_levels",
-    "test_in_order_logging_disabled",
-}
-NEW_TESTS = ALL_REGRESSION_TESTS | SINGLE_PROCESS_TESTS
-# 0.20-0.30 also lacks `stacklevel` (#2730): its records name `accelerate/logging.py`, not the caller's line.
-UNPATCHED_FAILURES = {
-    "0.20": NEW_TESTS,
-    "0.31": ALL_REGRESSION_TESTS | {"test_in_order_hidden_level_still_takes_its_turn"},
-    "1.13": {
-        "test_in_order_rank_dependent_levels",
-        "test_in_order_logging_disabled",
-        "test_in_order_hidden_level_still_takes_its_turn",
-    },
-}
+# The multi-process test: every scenario in one torchrun launch. It fails on every unpatched release (since #3280,
+# 1.13, through the rank-local scenarios only), and so does the single-process one, and on 0.20-0.30 the call site.
+ALL_REGRESSION_TESTS = {"test_in_order_logging"}
+NEW_TESTS = {line: ALL_REGRESSION_TESTS | tests for line, tests in SINGLE_PROCESS_TESTS.items()}
+UNPATCHED_FAILURES = NEW_TESTS
+# The multi-process scenarios of the worker script, run in this order by the one launch.
+REGRESSION_SCENARIOS = [
+    "in_order_default",
+    "in_order_main_process_only_false",
+    "in_order_rank_dependent_levels",
+    "in_order_logging_disabled",
+]
 # What a call made on some processes only does, in the words of the review (0001, the docs, the PR text).
 HANG_OR_DESYNC = "hangs, or desynchronises with the other processes' next collective"
 REGRESSION_BOUND = 60  # seconds: an unpatched failing test must fail (not hang) within this
@@ -95,7 +97,7 @@ FORK_SUBSTITUTIONS = {
 }
 # Releases whose setup.py pins the ruff of upstream's `make quality` today (older ones pinned ruff 0.2 / black).
 RUFF = "ruff == 0.13.1"
-RUFF_RELEASES = ["1.12.0", "1.13.0", "1.15.0"]
+RUFF_RELEASES = ["1.12.0", "1.13.0", "1.16.0"]
 NPROC = 2
 GIT_ID = {
     "GIT_AUTHOR_NAME": "aif-test",
@@ -215,7 +217,7 @@ def run_pytest(tree, accelerate_path, tests):
         "no:cacheprovider",
         *tests,
     ]
-    # Room for every regression test to fail at its bound, plus test_logging.py and start-up.
+    # Room for the regression test to fail at its bound, plus test_logging.py and start-up.
     timeout = len(ALL_REGRESSION_TESTS) * REGRESSION_BOUND + 60
     return _launch.run(cmd, env=upstream_env(accelerate_path), timeout=timeout, cwd=str(tree))
 
@@ -297,7 +299,10 @@ def test_accelerate_tests_pass_when_patched(release):
     assert job.returncode == 0 and job.killed is None, "\n".join(job.lines[-60:])
     assert not re.search(r"\d+ (skipped|deselected|xfailed)", job.lines[-1]), job.lines[-1]  # all really ran
     passed = set(re.findall(r"^PASSED \S+::(\w+)$", "\n".join(job.lines), re.M))
-    assert NEW_TESTS <= passed, "\n".join(job.lines[-60:])  # @require_cpu skipped none
+    assert NEW_TESTS[release.line] <= passed, "\n".join(job.lines[-60:])  # @require_cpu skipped none
+    # One launch for every scenario: the series' tests take well under a minute on CPU.
+    times = durations(job)
+    assert sum(times.get(name, 0.0) for name in NEW_TESTS[release.line]) < REGRESSION_BOUND, times
 
 
 def test_regression_test_fails_unpatched(release):
@@ -312,7 +317,7 @@ def test_regression_test_fails_unpatched(release):
     assert failed == UNPATCHED_FAILURES[release.line], "\n".join(job.lines[-60:])
     assert not any(line.startswith("ERROR") for line in job.lines), "\n".join(job.lines[-60:])
     times = durations(job)
-    assert NEW_TESTS <= set(times), "\n".join(job.lines[-60:])
+    assert NEW_TESTS[release.line] <= set(times), "\n".join(job.lines[-60:])
     slow = {name: secs for name, secs in times.items() if secs >= REGRESSION_BOUND}
     assert not slow, f"failed, but not within {REGRESSION_BOUND}s: {slow}"
     # The failures come from the gloo timeout of the worker script (a process left in a barrier).
@@ -349,7 +354,7 @@ def test_every_patch_file_is_tested():
         if path.is_dir():
             continue
         rel = path.relative_to(PATCHES)
-        if rel in (Path("README.md"), Path("main/PULL_REQUEST.md")):
+        if rel in (Path("README.md"), Path("ISSUE.md"), Path("main/PULL_REQUEST.md")):
             continue
         assert len(rel.parts) == 2 and rel.suffix == ".patch", f"patches/{rel}: not part of any series"
         assert rel.parts[0] in tested, f"patches/{rel}: no release in {RELEASES} applies this series"
@@ -390,20 +395,22 @@ def test_series_share_one_regression_test():
 
 
 def _single_process_block(series):
-    """The single-process tests a series adds to tests/test_logging.py: from their first decorator to the end."""
+    """The single-process tests a series adds to tests/test_logging.py: from their first decorator to their end."""
     added = [b for b in (_added_file(p.read_text(), SINGLE_PROCESS_TEST) for p in series_files(series)) if b]
     assert len(added) == 1, f"{series}: {SINGLE_PROCESS_TEST} is changed {len(added)} times"
-    assert added[0].count(SINGLE_PROCESS_BLOCK) == len(SINGLE_PROCESS_TESTS), series
-    return added[0][added[0].index(SINGLE_PROCESS_BLOCK) :]
+    line = next(line for line, name in SERIES.items() if name == series)
+    assert added[0].count(SINGLE_PROCESS_BLOCK) == len(SINGLE_PROCESS_TESTS[line]), series
+    return added[0][added[0].index(SINGLE_PROCESS_BLOCK) :].rstrip("\n") + "\n"
 
 
 def test_series_share_one_single_process_test():
-    """The cheap tests in tests/test_logging.py are the same block in every series (0.20-0.30 has no
-    test_logging.py: its series creates one, with the helper and fixture the block uses)."""
+    """Main's single-process test in tests/test_logging.py ends every series' block (0.20-0.30 has no
+    test_logging.py: its series creates one, with the helper, the fixture and the call-site test it needs)."""
     block = _single_process_block(SERIES["1.13"])
-    for series in FORK_SUBSTITUTIONS:
-        assert _single_process_block(series) == block, series
-    assert set(re.findall(r"^def (test_\w+)\(", block, re.M)) == SINGLE_PROCESS_TESTS
+    for line, series in SERIES.items():
+        assert _single_process_block(series).endswith(block), series
+        names = set(re.findall(r"^def (test_\w+)\(", _single_process_block(series), re.M))
+        assert names == SINGLE_PROCESS_TESTS[line], series
 
 
 def test_regression_test_conventions():
@@ -420,14 +427,20 @@ def test_regression_test_conventions():
     for own in ("init_process_group", "import socket", "start_processes", "multiprocessing", "MASTER_PORT"):
         assert own not in script + test, own
     assert "logging.disable(" in script
-    # Each test says whether it fails on upstream main today, and says it right.
+    # One launch: one multi-process test, one torchrun command, every scenario run by the script's main().
+    assert test.count("execute_subprocess_async(") == 1 and test.count("    def test_") == 1
+    assert re.findall(r"^def (in_order_\w+)\(state, logger\):", script, re.M) == REGRESSION_SCENARIOS
+    for scenario in REGRESSION_SCENARIOS:
+        assert f'("{scenario}", ' in test, scenario  # its records are checked
+    # Docstrings that stay true once merged: what the test guards, not what upstream does today.
     tests = re.findall(r"    def (test_\w+)\(self\):\n(.*?)(?=\n    def |\Z)", test, re.S)
-    tests += re.findall(r"^def (test_\w+)\(caplog\):\n(.*?)(?=\n\n\n|\Z)", _single_process_block("main"), re.S | re.M)
-    assert {name for name, _ in tests} == NEW_TESTS
+    tests += re.findall(r"^def (test_\w+)\([^)]*\):\n(.*?)(?=\n\n\n|\Z)", _single_process_block("main"), re.S | re.M)
+    assert {name for name, _ in tests} == NEW_TESTS["1.13"]
     for name, body in tests:
         docstring = body.split('"""')[1]
-        fails = name in UNPATCHED_FAILURES["1.13"]
-        assert ("Fails on `main`" if fails else "Passes on `main`") in docstring, (name, docstring)
+        assert "collective" in docstring or "every turn" in docstring, (name, docstring)
+        for stale in ("on `main`", "#3939", "#3280", "Fails", "Passes"):
+            assert stale not in docstring, (name, stale)
 
 
 def _fixture_from_patch(text):
@@ -513,11 +526,38 @@ def test_pull_request_text():
     for must in (
         "#3280",
         "#1262",
-        "test_in_order_rank_dependent_levels",
-        "test_in_order_logging_disabled",
+        "test_in_order_logging",
+        "in_order_rank_dependent_levels",
+        "in_order_logging_disabled",
         "test_in_order_hidden_level_still_takes_its_turn",
         "debug_launcher",
         "GLOO_SOCKET_IFNAME",
+        "benchmarks/bench_upstream_in_order.py",
+    ):
+        assert must in text, must
+    # Each measured figure comes with the command that gives it (the bench table: RESULTS-upstream-in-order.md).
+    assert "python -m pytest tests/test_logging.py tests/test_logging_in_order.py" in text
+    assert "--nproc_per_node=8" in text and "--nproc_per_node=2" in text
+
+
+def test_issue_text():
+    """patches/ISSUE.md: the bug report to open first, in the fields of accelerate's bug-report template, with a
+    2-rank reproducer (one rank at WARNING), the gloo timeout it ends with, the cause and the proposed fix."""
+    text = (PATCHES / "ISSUE.md").read_text()
+    assert re.match(r"`logger.info\(\.\.\., in_order=True\)` hangs when the processes' log levels differ\n", text)
+    fields = re.findall(r"^### (.+)$", text, re.M)
+    assert fields == ["System Info", "Information", "Tasks", "Reproduction", "Expected behavior"], fields
+    for must in (
+        "`Accelerate` version: 1.16.0",
+        "torchrun --standalone --nproc_per_node=2 repro.py",
+        "logging.WARNING",
+        "in_order=True",
+        "Timed out waiting 10000ms",
+        "**Cause.**",
+        "isEnabledFor",
+        "**Proposed fix.**",
+        "#3280",
+        "#3939",
     ):
         assert must in text, must
 
