@@ -92,9 +92,9 @@ def _cleaner_started():
     """Whether this rank's gather-mode clean-up thread ever ran (private state: a test probe)."""
     if PATCH == "0":
         return False
-    from accelerate_inorder_fix.session import SESSION
+    from accelerate_inorder_fix import testing
 
-    outbox = SESSION._gather and SESSION._gather.outbox
+    outbox = getattr(testing.side(), "outbox", None)
     cleaner = None if outbox is None else outbox.cleaner
     return cleaner is not None and cleaner._thread is not None
 
