@@ -121,7 +121,7 @@ def test_the_main_process_silent_costs_a_rank_the_calls_timeout_and_its_record_i
     logger.handlers[:], logger.propagate = [handler], False
     rank1.call(_rank(1), _settings(), _call(adapter=logging.LoggerAdapter(logger, {}), msg="alone", timeout=0.05))
     assert seen == ["alone"] and rank1.mode is None
-    assert "the main process made no in_order call within 0.05 s" in capsys.readouterr().err
+    assert "rank 1: no word from the main process within 0.05 s" in capsys.readouterr().err
     main.side(_rank(0), _settings("gather"), 0.2)  # the main process comes: the next call joins its session
     assert rank1.side(_rank(1), _settings(), 0.2) is not None and rank1.mode == "gather"
 
