@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 
 
 CALLS = 3
@@ -41,8 +42,9 @@ def calls(case, rank, n=CALLS, site=""):
         log.info(f"{case}#{site}{i} r{rank}", in_order=True)
 
 
-def calls_at_s(case, rank, site):
-    """One call from another line than `calls`: another site."""
+def calls_at_s(case, rank, site, delay):
+    """One call from another line than `calls`: another site (after `delay` s)."""
+    time.sleep(delay)
     logger().info(f"{case}#{site}0 r{rank}", in_order=True)
 
 
@@ -72,9 +74,12 @@ def in_child(rank, world, init_method, case):
         dist.init_process_group("gloo", init_method=again, rank=rank, world_size=world)
         calls(case, rank, site="again")
     elif case == "threads":
+        # Rank 0 enters site S before A, the others A before S: a lock held across a call would have each rank
+        # wait at a different site (the delays only provoke that order; nothing relies on them).
         for rep in range(5):
-            thread = threading.Thread(target=calls_at_s, args=(case, rank, f"S{rep}-"))
+            thread = threading.Thread(target=calls_at_s, args=(case, rank, f"S{rep}-", 0.0 if rank == 0 else 0.3))
             thread.start()
+            time.sleep(0.3 if rank == 0 else 0.0)
             calls(case, rank, 1, f"A{rep}-")
             thread.join()
             dist.all_reduce(torch.ones(1))

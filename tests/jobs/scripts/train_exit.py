@@ -78,13 +78,14 @@ def main():
     accelerator.wait_for_everyone()
     if PATCH != "nolog":
         log.info(f"exit#{call} r{rank} saved", in_order=True)
+    cleaner = int(_cleaner_started())  # before the session ends with the process group
     if END == "end_training":
         accelerator.end_training()
     elif END == "destroy":
         torch.distributed.destroy_process_group()
     # One write per line: `accelerate launch` runs ranks with `python -u`, where print() writes the
     # newline on its own and ranks' lines could merge on the shared pipe.
-    sys.stdout.write(f"@@DONE r{rank} cleaner={int(_cleaner_started())} threads={_our_threads()}\n")
+    sys.stdout.write(f"@@DONE r{rank} cleaner={cleaner} threads={_our_threads()}\n")
     sys.stdout.flush()
 
 
