@@ -1,9 +1,9 @@
 """One in_order call, as the wrapper makes it: what the user logged, where from, and its bounds.
 
-The wrapper makes one `InOrderCall` per in_order call; the session chooses the mode, numbers the call
-at its site and hands it to that mode's side (`barrier.side.BarrierSide.call`, `gather.side.GatherSide.call`).
-Both modes build the rank's record the same way (`log_for_this_call`): through the user's own adapter and
-logger, with a filter that sees only this call's record (`ThisCall`).
+The wrapper makes one `InOrderCall` per in_order call; the session numbers it at its site and hands it to
+its mode's side (`barrier.side.BarrierSide.call`, `gather.side.GatherSide.call`), or logs it here at once
+(`emit_at_once`). Every record is built the same way (`log_for_this_call`): through the user's own adapter
+and logger, with a filter that sees only this call's record (`ThisCall`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 from ._callsite import Identity, Site, counted_from_here
+from ._diagnostics import warn_once
 from ._origin import Origin
 
 
@@ -37,10 +38,8 @@ class InOrderCall:
         log: what the user logged.
         origin: this rank's rank and host, for its record.
         timeout: `ACCELERATE_INORDER_TIMEOUT` when the call began.
-        count: how many times this process has called from `site` in the call's mode, this one included
-            (the session numbers it once the mode is chosen); with `site`, the call's identity.
-        deadline: on the monotonic clock, when the call's waits end, if its mode agreement waited (the
-            check-in then ends by the same one); None: `timeout` from the check-in.
+        count: how many times this process has called from `site` in its session, this one included
+            (the session numbers it); with `site`, the call's identity.
     """
 
     site: Site
@@ -48,7 +47,6 @@ class InOrderCall:
     origin: Origin
     timeout: float
     count: int = 0
-    deadline: Optional[float] = None
 
     @property
     def identity(self) -> Identity:
@@ -101,3 +99,12 @@ def log_for_this_call(log: LogArgs, this_call: ThisCall, tag: bool = False) -> b
     finally:
         logger.removeFilter(this_call)
     return True
+
+
+def emit_at_once(call: InOrderCall) -> None:
+    """Log `call`'s record on this rank now, as upstream's working path does. Never raises: a filter or
+    handler that raises is said once per exception type."""
+    try:
+        log_for_this_call(call.log, ThisCall(call.origin, keep=False))
+    except Exception as exc:
+        warn_once(f"a log record could not be emitted: {exc!r}", key=("emit", type(exc)))

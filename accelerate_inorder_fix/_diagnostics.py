@@ -29,7 +29,6 @@ from typing import Optional, Union
 
 PREFIX = "accelerate-inorder-fix: "
 COLLECTIVE = "an in_order call is collective: every rank must make it"
-TIMEOUT_ENV = "ACCELERATE_INORDER_TIMEOUT"
 
 
 def site_text(site: Union[tuple[str, str, int], str]) -> str:

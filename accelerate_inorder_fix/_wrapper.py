@@ -9,8 +9,9 @@ emits its record in its turn.
 - `in_order=False`: upstream's own behaviour, restated for the known bodies (no extra frame).
 - `in_order=True`: a collective call on every rank; `main_process_only` is ignored (as in 1.13+).
   The wrapper makes the call one `_call.InOrderCall` (its site, what was logged, this rank's origin,
-  the timeout) and hands it to the session (`session.SESSION`), which holds the mode every rank agreed
-  on and the per-process call lock, numbers the call, and gives it to that mode's side. Barrier mode
+  the timeout) and hands it to the session (`session.SESSION`), which holds the job's mode and the
+  store of the current process group, numbers the call at its site, and gives it to that mode's side
+  (or, on a single process or a process that is not a rank, logs it at once). Barrier mode
   (`barrier.side.BarrierSide.call`) checks the call in through the job's store; when every rank has
   made it, the ranks take turns handed over through the store (no collective); when some rank has not
   within the timeout, each rank emits at once. Gather mode (`gather.side.GatherSide.call`) sends the
@@ -24,9 +25,8 @@ from typing import Any, Callable
 from . import _callsite
 from ._call import InOrderCall, LogArgs
 from ._upstream import UpstreamBody
-from .barrier.turns import EmitOnce
 from .config import SETTINGS, Settings
-from .session import SESSION, InOrderSession
+from .session import SESSION, InOrderSession, watch_start
 
 
 def make_log_wrapper(
@@ -38,7 +38,7 @@ def make_log_wrapper(
     """
     from accelerate.state import PartialState
 
-    session.watch_start()
+    watch_start(session)
 
     @_callsite.mark_wrapper
     def patched_log(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -72,12 +72,6 @@ def make_log_wrapper(
         kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
         log = LogArgs(instance, level, msg, tuple(rest), kwargs)
         state = PartialState()
-        if state.num_processes <= 1:
-            EmitOnce(log, session.origin(state)).emit()
-            return None
-        # One in_order call at a time per process (`session.lock`, held by `InOrderSession.call`): each
-        # call's turns pair up across ranks even when several threads log, and a gather call's record and
-        # number stay together.
         call = InOrderCall(_callsite.call_site(body), log, session.origin(state), settings.timeout())
         session.call(state, settings, call)
         return None

@@ -7,7 +7,8 @@ Users set:
   `1`/`on`/`true`/`yes` mean on. An explicit `patch()` call always patches.
 - `ACCELERATE_INORDER_FIX_STARTUP`: `0`/`off`/`false`/`no` leaves only the start-up hook unarmed;
   unset, `1`/`on`/`true`/`yes` mean on. Any other word of these two means on, with one warning.
-- `ACCELERATE_INORDER_MODE`: `barrier` (default) or `gather`, in any case.
+- `ACCELERATE_INORDER_MODE`: `barrier` (default) or `gather`, in any case; read at the first in_order
+  call, where the main process's fixes the job's mode.
 - `ACCELERATE_INORDER_TIMEOUT`: seconds (a finite number > 0, default 30) the main process waits for a
   rank's record in gather mode, a rank's check-in in barrier mode, and a rank's wait for the main
   process's mode at its first in_order call: T, the unit of every bound in `bounds.py` (docs/promises.md
@@ -138,13 +139,7 @@ class Settings:
         self._mode: Optional[str] = None
         self._timeout: Optional[float] = None
         self._collapse: Optional[bool] = None
-        self._mode_generation = 0
         self._parsed: dict[str, tuple[str, Any]] = {}  # variable -> (its last valid text, that parsed)
-
-    @property
-    def mode_generation(self) -> int:
-        """How many `configure(mode=...)` calls this process has made: each is a switch made on every rank."""
-        return self._mode_generation
 
     def _from_env(self, name: str, parse: Callable[[str], Any], default: Any) -> Any:
         raw = os.environ.get(name)
@@ -210,20 +205,13 @@ class Settings:
                 self._collapse = new_collapse
             if new_mode is not None:
                 self._mode = new_mode
-                self._mode_generation += 1
             if new_timeout is not None:
                 self._timeout = new_timeout
 
     def reset(self) -> None:
-        """Forget `configure()` overrides. The mode generation stays: a live session compares its own with it."""
+        """Forget `configure()` overrides (`testing.reset`)."""
         with self._lock:
             self._mode = self._timeout = self._collapse = None
-
-    def reset_to_import(self) -> None:
-        """The settings as imported, the mode generation too (`testing.reset`, with the session closed)."""
-        with self._lock:
-            self._mode = self._timeout = self._collapse = None
-            self._mode_generation = 0
 
 
 SETTINGS = Settings()
@@ -288,25 +276,13 @@ def _say_bad_setting(name: str, raw: str, text: str) -> None:
         warn_once(text, key=("setting", name, raw))
 
 
-def note_collapse_in_barrier_mode() -> None:
-    """Barrier mode: if collapse is on (`SETTINGS`), say once (per host) that it applies to gather mode only."""
-    if SETTINGS.collapse() and speaks_for_host():
-        warn_once(
-            f"collapse ({COLLAPSE_ENV} or configure(collapse=True)) applies to gather mode only; "
-            "in barrier mode each rank prints its own records",
-            key=("collapse", "barrier"),
-        )
-
-
 def configure(mode: Optional[str] = None, timeout: Optional[float] = None, collapse: Optional[bool] = None) -> None:
     """Override the in_order mode, the timeout and/or collapse for this process.
 
     Args:
-        mode (`str`, *optional*): `"barrier"` or `"gather"` (any case). Call it with the same value on
-            every rank, before the same in_order call: every rank then switches there, whatever mode
-            it used before (a rank waits there for the main process's switch, at most the timeout).
-            At the first in_order call, ranks that disagree take the main process's mode and say so;
-            later, a switch made on a rank alone is refused there, with one line.
+        mode (`str`, *optional*): `"barrier"` or `"gather"` (any case), before the process's first
+            in_order call: the mode is fixed for the job there, and the main process's is final (a rank
+            whose own setting differs says so once). Set after that, it is not taken: one warning.
         timeout (`float`, *optional*): T, the unit of every in_order bound (`bounds.py`): the main
             process's wait for a rank's record in gather mode, a rank's wait for the others at a
             barrier-mode check-in (a whole call waits at most `bounds.CALL`, 1.5 T); a finite number

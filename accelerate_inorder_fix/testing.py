@@ -1,8 +1,10 @@
-"""Test in_order logging in one process: an in-memory store, simulated ranks, and one reset.
+"""Test in_order logging in one process: an in-memory store, simulated ranks, the live side, and one reset.
 
 `reset()` puts this package back as `import accelerate_inorder_fix` left it: the process's session
-closed and let go of (atexit, torch's hooks), `configure()` forgotten, warnings not yet said, the patch
-as the environment asks. Call it between tests that configure the package or make in_order calls.
+ended and let go of (atexit, torch's hook), `configure()` forgotten, warnings not yet said, the patch as
+the environment asks. Call it between tests that configure the package or make in_order calls.
+`side()` is this process's open side (`BarrierSide` or `GatherSide`, None before its first in_order call
+of a process group): a job test's look at what the package opened, without reaching into the session.
 
 `InMemoryStore` stands in for the part of torch's c10d `Store` that this package uses (thread-safe; a
 blocking call waits on a condition with its timeout, and raises `StoreTimeout` at its deadline; it
@@ -15,14 +17,14 @@ its own on one such store: what the ranks agree on, without launching processes.
     settings = Settings()
     settings.configure(mode="gather")
     main, other = testing.simulated_ranks(2)
-    assert main.agree(settings) == "gather"      # the main process's word goes to the store first
-    assert other.agree(Settings()) == "gather"   # another rank takes it (and says its own setting differs)
+    assert main.mode(settings) == "gather"      # the main process's word goes to the store first
+    assert other.mode(Settings()) == "gather"   # another rank takes it (and says its own setting differs)
     for rank in (main, other):
         rank.close()
     testing.reset()
 
 The ordering of records across ranks is a property of real processes: the package's job tests prove
-it under torchrun; an in-memory store proves logic, not delivery.
+it on real jobs; an in-memory store proves logic, not delivery.
 """
 
 from __future__ import annotations
@@ -31,16 +33,25 @@ import datetime
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from ._diagnostics import DIAGNOSTICS
 from ._patcher import PATCHER, auto_patch
 from .config import SETTINGS, Settings
-from .session import SESSION, InOrderSession
-from .store import mode, teardown
+from .session import SESSION, STARTED, InOrderSession
+from .store import teardown
+from .store.connection import Connection
 
 
-__all__ = ["InMemoryStore", "SimulatedRank", "StoreTimeout", "UnbatchedInMemoryStore", "reset", "simulated_ranks"]
+__all__ = [
+    "InMemoryStore",
+    "SimulatedRank",
+    "StoreTimeout",
+    "UnbatchedInMemoryStore",
+    "reset",
+    "side",
+    "simulated_ranks",
+]
 
 Value = Union[bytes, str, int]
 
@@ -133,6 +144,27 @@ class UnbatchedInMemoryStore:
         with self._changed:
             return len(self.data)
 
+    def prefixed(self, prefix: str) -> _Prefixed:
+        """This store with `prefix` before every key (as torch's `PrefixStore`)."""
+        return _Prefixed(self, prefix)
+
+
+class _Prefixed:
+    """A store's calls, with `prefix` before every key they name."""
+
+    def __init__(self, store: UnbatchedInMemoryStore, prefix: str) -> None:
+        self._store, self._prefix = store, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+        prefix = self._prefix
+
+        def prefixed(keys: Any, *rest: Any) -> Any:
+            named = [prefix + k for k in keys] if isinstance(keys, (list, tuple)) else prefix + keys
+            return method(named, *rest)
+
+        return prefixed
+
 
 class InMemoryStore(UnbatchedInMemoryStore):
     """With the batched calls of torch 2.x stores too: `append`, `multi_get`, `multi_set`."""
@@ -164,25 +196,30 @@ class SimulatedRank:
         process_index: this rank (0 is the main process).
         num_processes: the job's size.
         store: the job's store, shared by every rank of the job.
+        group: the job's process group (any object, the same for every rank; a new one is a new session).
     """
 
-    def __init__(self, process_index: int, num_processes: int, store: UnbatchedInMemoryStore) -> None:
+    def __init__(
+        self, process_index: int, num_processes: int, store: UnbatchedInMemoryStore, group: object = None
+    ) -> None:
         self.process_index = process_index
         self.num_processes = num_processes
         self.is_main_process = process_index == 0
-        self.session = InOrderSession(open_store=lambda timeout: (store, None))
+        self.group = store if group is None else group
+        self.session = InOrderSession(lambda timeout: (Connection(store, "", timeout), None), lambda: self.group)
 
-    def agree(self, settings: Settings = SETTINGS) -> str:
-        """The mode this rank's next in_order call runs in, agreed with the main process through the store.
+    def mode(self, settings: Settings = SETTINGS) -> Optional[str]:
+        """The job's mode as this rank's next in_order call takes it (None: the main process's word did
+        not come within the timeout, and the call would be logged at once).
 
         Args:
             settings: this rank's settings (each rank of a real job has its own process and its own).
         """
-        with self.session.lock:
-            return self.session.mode(self, settings)
+        self.session.side(self, settings, settings.timeout())
+        return self.session.mode
 
     def close(self) -> None:
-        """End this rank's session as the process's exit would, and let go of it (atexit, torch's hooks)."""
+        """End this rank's session as the process's exit would, and let go of it (atexit, torch's hook)."""
         self.session.reset()
 
 
@@ -197,17 +234,22 @@ def simulated_ranks(n: int, store: Optional[UnbatchedInMemoryStore] = None) -> l
     return [SimulatedRank(r, n, shared) for r in range(n)]
 
 
+def side() -> Optional[Any]:
+    """This process's open side: its `BarrierSide` or `GatherSide`; None when no session is open."""
+    return SESSION.current_side
+
+
 def reset() -> None:
     """Put this package back in its import-time state, for the next test.
 
-    The process's session closed and new (nothing registered with atexit or torch's hooks), every
+    The process's session ended and new (nothing registered with atexit or torch's hook), every
     `configure()` forgotten, every warning unsaid, and the patch as `import accelerate_inorder_fix`
     made it (on unless `ACCELERATE_INORDER_FIX` says off).
     """
     SESSION.reset()
     teardown.HOOK.reset()
-    mode.HOOK.reset()
-    SETTINGS.reset_to_import()
+    STARTED.reset()
+    SETTINGS.reset()
     DIAGNOSTICS.reset()
     PATCHER.unpatch()
     auto_patch()

@@ -49,7 +49,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from .._diagnostics import TIMEOUT_ENV, CallWarning, site_text, warn_once
+from .._diagnostics import CallWarning, site_text, warn_once
+from ..config import TIMEOUT_ENV
 from ..store.connection import peek
 from .checkin import HANDED, Arrival, CheckIn
 

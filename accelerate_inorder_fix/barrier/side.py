@@ -13,7 +13,8 @@ from typing import Callable, Optional
 
 from .._call import InOrderCall
 from .._callsite import Site
-from .._diagnostics import COLLECTIVE, TIMEOUT_ENV, CallWarning, site_text, warn_once
+from .._diagnostics import COLLECTIVE, CallWarning, site_text, warn_once
+from ..config import TIMEOUT_ENV
 from ..store.connection import Store
 from .checkin import Arrival, CheckIn, Verdict, Why
 from .handoff import Handoff
@@ -50,7 +51,7 @@ class BarrierSide:
         """The call's check-in, and the verdict every rank follows. Rank r >= 1 whose wait ended on its wake
         key takes its turn in between: it emits and hands over, then reads the verdict (in a skip that only
         puts its record out early)."""
-        arrival = self.checkin.arrive(call.site, call.count, call.timeout, call.deadline)
+        arrival = self.checkin.arrive(call.site, call.count, call.timeout)
         if arrival.woken and self.checkin.rank > 0:
             record.emit()
             self.checkin.hand_over(arrival)

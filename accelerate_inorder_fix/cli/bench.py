@@ -84,16 +84,14 @@ def _worker(calls: int, rounds: int, plain_calls: int) -> None:
     log = get_logger("aif.bench")
 
     def use(variant: str) -> None:
-        # barrier_plain: this process's session gives every call, once its mode is agreed, to plain barriers
-        # (an instance attribute over the method, taken away again for every other variant): the N barriers alone.
+        # The mode is fixed per session: each variant starts a new one (every rank's ended before any
+        # opens: the barrier). barrier_plain: the session hands every call to plain barriers (an
+        # instance attribute over the method): the N barriers alone.
+        SESSION.reset()
         SESSION.__dict__.pop("side", None)
+        dist.barrier()
         if variant == "barrier_plain":
-
-            def plain(state: Any, settings: Any, call: Any) -> PlainBarriers:
-                SESSION.mode(state, settings, call)
-                return PlainBarriers(state)
-
-            SESSION.side = plain  # type: ignore[method-assign]
+            SESSION.side = lambda state, settings, timeout: PlainBarriers(state)  # type: ignore[method-assign]
         if variant in ("upstream", "plain_unpatched"):
             fix.unpatch()
         else:
@@ -103,9 +101,9 @@ def _worker(calls: int, rounds: int, plain_calls: int) -> None:
     def batch(variant: str, n: int, in_order: bool) -> float:
         use(variant)
         if in_order and variant != "upstream":
-            # `configure(mode=...)` takes effect at the next call, a mode switch every rank agrees on: a job
-            # pays it once, so it is made here, untimed, not charged to the batch's first call.
-            log.info("mode switch", in_order=True)
+            # The session's first call reads the main process's word: a job pays it once, so it is made
+            # here, untimed, not charged to the batch's first call.
+            log.info("session start", in_order=True)
         dist.barrier()
         start = time.perf_counter()
         for i in range(n):

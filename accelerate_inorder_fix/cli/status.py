@@ -123,8 +123,8 @@ COLLAPSE_MEANS = {
 # bounds.py's, as docs/promises.md's table shows them.
 MODE_MEANS = {
     "barrier": (
-        "each in_order call checks in through the job's c10d store (torchrun, accelerate launch, any env:// "
-        "job); when every rank has made it, the ranks hand their turns over through that store (no barrier), "
+        "each in_order call checks in through the job's c10d store (any launcher, any c10d store: tcp://, "
+        "env://, file://); when every rank has made it, the ranks hand their turns over through that store (no barrier), "
         f"and a call some ranks skip costs each rank at most {bounds.DIVERGENCE.value:g} timeouts in all and is "
         "named (bounds: docs/promises.md); without a c10d store (no default process group, XLA) plain "
         "barriers run, as upstream"
@@ -134,7 +134,8 @@ MODE_MEANS = {
         "call's records in rank order; a post waits only when its rank holds "
         f"{bounds.GATHER_QUEUE.value:g} records in the store, and a call only the main process makes costs it "
         f"{bounds.GATHER_MAIN_ONLY.value:g} timeout per site in all (bounds: docs/promises.md); without a c10d "
-        "store, barrier mode"
+        "store, barrier mode. Either mode: fixed per job by the main process's setting when its process "
+        "group starts; a DataLoader worker logs at once"
     ),
 }
 

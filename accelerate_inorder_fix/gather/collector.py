@@ -50,8 +50,8 @@ from collections.abc import Iterable
 from typing import Callable, Optional, Protocol, runtime_checkable
 
 from .._callsite import Identity, Site
-from .._diagnostics import COLLECTIVE, TIMEOUT_ENV, CallWarning, ranks_text, warn_every
-from ..config import SETTINGS
+from .._diagnostics import COLLECTIVE, CallWarning, ranks_text, warn_every
+from ..config import SETTINGS, TIMEOUT_ENV
 from ..store.connection import SHORTEST_WAIT
 from . import collapse as _collapse
 from . import copies as _copies

@@ -100,7 +100,7 @@ class GatherSide:
             self._collector = _collector.Collector(inbox, world_size, timeout, warn_every)
         else:
             # The clean-up thread's own connection; without one (no `Store.clone`), no thread.
-            cleanup = connection.own_connection(timeout)
+            cleanup = connection.own_connection(store)
             self._outbox = queues.Outbox(
                 store, rank, background=cleanup is not None, cleanup_store=cleanup, timeout=timeout
             )

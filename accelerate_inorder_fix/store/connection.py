@@ -1,21 +1,20 @@
-"""The job's c10d store, on connections of our own: how both modes reach it.
+"""The job's c10d store, as a session's sides use it: its keys under a prefix, a client connection per thread.
 
-Every torch.distributed job already has a key-value store (the rendezvous `TCPStore` torchrun and
-`accelerate launch` start on the master node, reachable from every node). Both modes talk through it,
-never through a process group's collectives: nothing is queued behind NCCL work, no CUDA stream is
-synced. Every key is under `PREFIX`.
-
-The connection is our own when this torch can clone one (`Store.clone`, torch 2.8+): a bounded wait
-never holds the client lock the process group's own store traffic needs, and its timeout can be ours
-without touching theirs. Otherwise it is the process group's connection. A background thread gets a
-further connection of its own (`own_connection`), or does not run at all.
+Every torch.distributed job has a key-value store (TCPStore, FileStore, HashStore, or a PrefixStore over
+one). Both modes talk through it, never through a process group's collectives. A `Connection` puts
+every key under `PREFIX` and the session's own prefix, and gives each thread its own client where torch
+can clone one (a TCPStore holds its client lock for the whole of a `wait`, so a thread waiting at one
+site would stall another's), with our timeout (T + 5 s) instead of the process group's.
 """
 
 from __future__ import annotations
 
 import datetime
-import socket
+import sys
+import threading
 from typing import Any, Optional
+
+from .errors import is_timeout
 
 
 # A c10d store (torch's `Store`, a `PrefixStore` over one, or a test double): typed loosely, since
@@ -27,12 +26,44 @@ SHORTEST_WAIT = 0.002  # seconds: a shorter wait is none (c10d reads a wait unde
 UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
 
-def open_store(timeout: float) -> tuple[Optional[Store], Optional[str]]:
-    """`(store, None)` for this job, or `(None, reason)` when it has no c10d store to use.
+class Connection:
+    """A store whose keys are under `prefix`, with one client connection per thread (one shared where torch
+    cannot clone the store's client, as for FileStore and HashStore, whose waits hold no lock).
 
     Args:
-        timeout (`float`): seconds; the connection's own timeout is this plus 5 s, so no store call of
-            ours outlives a dead server by more.
+        store: the job's store (the process group's), or a test's store (which may offer `prefixed(prefix)`).
+        prefix: put before every key.
+        timeout: seconds; a cloned client's own timeout is this plus 5 s.
+    """
+
+    def __init__(self, store: Store, prefix: str, timeout: float) -> None:
+        self.store, self.prefix, self.timeout = store, prefix, timeout
+        self._local = threading.local()
+
+    def under(self, name: str) -> Connection:
+        """The same store, its keys under `name/` within this one's."""
+        return Connection(self.store, f"{self.prefix}{name}/", self.timeout)
+
+    def own(self) -> Store:
+        """This thread's client, prefixed: made at its first use."""
+        mine = getattr(self._local, "store", None)
+        if mine is None:
+            mine = self._local.store = _prefixed(_clone(self.store, self.timeout) or self.store, self.prefix)
+        return mine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.own(), name)
+
+    def close(self) -> None:
+        """Let go of every thread's client (a FileStore's file is removed only once nobody holds one)."""
+        self.store, self._local = None, threading.local()
+
+
+def open_store(timeout: float) -> tuple[Optional[Connection], Optional[str]]:
+    """`(connection, None)` to this job's store under `PREFIX`, or `(None, reason)` when it has no c10d store.
+
+    Args:
+        timeout (`float`): seconds, T.
     """
     try:
         import torch.distributed as dist
@@ -40,65 +71,30 @@ def open_store(timeout: float) -> tuple[Optional[Store], Optional[str]]:
         return None, f"torch.distributed is not available ({exc})"
     if not dist.is_available() or not dist.is_initialized():
         return None, "torch.distributed has no default process group"
-    store = _default_store()
+    try:
+        from torch.distributed import distributed_c10d
+
+        store = distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError):
+        store = None
     if store is None:
         return None, "the process group has no c10d store"
-    return dist.PrefixStore(PREFIX, _clone(store, timeout) or store), None  # type: ignore[attr-defined]
+    return Connection(store, PREFIX, timeout), None
 
 
-def reopen_store(timeout: float) -> tuple[Optional[Store], Optional[str]]:
-    """`open_store`, after a connection of ours failed: only if the store's server takes a TCP connection
-    within `timeout` s. Cloning a connection to a dead server would retry for the process group's
-    timeout (minutes), since the clone connects before its own timeout is set.
-
-    Args:
-        timeout (`float`): seconds, the call's timeout.
-    """
-    reason = _unreachable(timeout)
-    return (None, reason) if reason else open_store(timeout)
-
-
-def _unreachable(timeout: float) -> Optional[str]:
-    """Why the job's store server does not answer within `timeout` s; None when it does, or has no address."""
-    store = _default_store()
-    for _ in range(8):  # a PrefixStore over a PrefixStore ... over the TCPStore
-        inner = getattr(store, "underlying_store", None)
-        if inner is None:
-            break
-        store = inner
-    host, port = getattr(store, "host", None), getattr(store, "port", None)
-    if not isinstance(host, str) or not isinstance(port, int):
-        return None
+def default_group() -> Optional[object]:
+    """The default process group now (None without one): a new one is a new session."""
+    dist = sys.modules.get("torch.distributed")
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except OSError as exc:
-        return f"the job's store server at {host}:{port} does not answer ({exc})"
-
-
-def process_group_connection() -> Optional[Store]:
-    """The process group's own connection, prefixed; None without one. For one write at start-up, never a wait."""
-    store = _default_store()
-    if store is None:
+        return None if dist is None or not dist.is_available() else dist.GroupMember.WORLD
+    except AttributeError:
         return None
-    from torch.distributed import PrefixStore  # type: ignore[attr-defined]
-
-    return PrefixStore(PREFIX, store)
 
 
-def own_connection(timeout: float) -> Optional[Store]:
-    """One more connection of our own, prefixed, for a background thread; None when torch cannot clone.
-
-    A background thread never uses the process group's connection: at `destroy_process_group` or at
-    exit it would still be in a store call on it (`writer.BackgroundWriter.stop`).
-    """
-    store = _default_store()
-    own = None if store is None else _clone(store, timeout)
-    if own is None:
-        return None
-    from torch.distributed import PrefixStore  # type: ignore[attr-defined]
-
-    return PrefixStore(PREFIX, own)
+def own_connection(store: Store) -> Optional[Store]:
+    """The connection a background thread may use: `store` itself when it gives each thread a client of its
+    own (a `Connection`); None otherwise (the thread would share a client with the logging calls)."""
+    return store if isinstance(store, Connection) else None
 
 
 def peek(store: Store, key: str) -> Optional[bytes]:
@@ -111,13 +107,30 @@ def peek(store: Store, key: str) -> Optional[bytes]:
     return None if blob == UNSET else blob
 
 
-def _default_store() -> Optional[Store]:
-    try:
-        from torch.distributed import distributed_c10d
+def wait_get(store: Store, key: str, seconds: float) -> Optional[bytes]:
+    """The value of `key`, waiting up to `seconds` for it; None when it did not come (one wait, no loop).
 
-        return distributed_c10d._get_default_store()
-    except (ImportError, RuntimeError, ValueError, AttributeError):
-        return None
+    Raises what the store raises otherwise (a failed store).
+    """
+    if not store.check([key]):
+        if seconds < SHORTEST_WAIT:
+            return None
+        try:
+            store.wait([key], datetime.timedelta(seconds=seconds))
+        except RuntimeError as exc:
+            if is_timeout(exc):
+                return None
+            raise
+    return bytes(store.get(key))
+
+
+def _prefixed(store: Store, prefix: str) -> Store:
+    prefixed = getattr(store, "prefixed", None)  # a test's in-memory store
+    if prefixed is not None:
+        return prefixed(prefix)
+    from torch.distributed import PrefixStore  # type: ignore[attr-defined]
+
+    return PrefixStore(prefix, store)
 
 
 def _clone(store: Store, timeout: float) -> Optional[Store]:

@@ -1,7 +1,6 @@
 """A hook on one of torch.distributed's functions: callbacks run around it, the wrapper installed once.
 
-`mode` runs its callbacks after `init_process_group`, `teardown` before `destroy_process_group`. The
-hook is a wrapt wrapper on the name in `torch.distributed` and in `distributed_c10d` (the names user
+`teardown` runs its callbacks before `destroy_process_group`. The hook is a wrapt wrapper on the name in `torch.distributed` and in `distributed_c10d` (the names user
 code and accelerate call); a name bound earlier (`from torch.distributed import ...`) keeps the
 original. `reset` takes the wrappers out again (`accelerate_inorder_fix.testing.reset`).
 """

@@ -1,14 +1,10 @@
-"""Release our background threads before torch tears the job down: a hook on `destroy_process_group`.
+"""End the in_order session before torch tears its process group down: a hook on `destroy_process_group`.
 
-A daemon thread of ours still inside a c10d store call when the interpreter finalizes aborts the
-process (the clean-up thread, `writer.BackgroundWriter`). `InOrderSession.release` stops and joins
-those threads; it runs at exit (`atexit`, before the interpreter finalizes) and, through this hook,
-just before the default process group is destroyed (`accelerator.end_training()`,
-`torch.distributed.destroy_process_group()`).
-
-The hook (`hooks.TorchHook`) is installed once, when this process opens its store session. A name
-bound earlier (`from torch.distributed import destroy_process_group`) keeps the original: the atexit
-release still covers it. The hook never raises into the caller.
+`InOrderSession.end` closes the session's side (its threads joined, its keys deleted) just before the
+default process group is destroyed (`accelerator.end_training()`, `destroy_process_group()`); a later
+`init_process_group` opens a new session. The hook (`hooks.TorchHook`) is installed when a session
+opens. A name bound earlier (`from torch.distributed import destroy_process_group`) keeps the original:
+the session then ends at the next group's first call, or at exit. The hook never raises into the caller.
 """
 
 from __future__ import annotations
@@ -35,17 +31,17 @@ def _before_destroy(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
             try:
                 release()
             except Exception as exc:  # never into the caller's teardown
-                warn_once(f"could not release in_order threads before destroy: {exc!r}", key=("teardown", type(exc)))
+                warn_once(f"could not end the in_order session before destroy: {exc!r}", key=("teardown", type(exc)))
     return wrapped(*args, **kwargs)
 
 
 HOOK = TorchHook("destroy_process_group", _before_destroy)
 
 
-def on_destroy(release: Callable[[], None]) -> None:
-    """Call `release` before the default process group is destroyed; installs the hook once (idempotent).
+def on_destroy(end: Callable[[], None]) -> None:
+    """Call `end` before the default process group is destroyed; installs the hook once (idempotent).
 
     Args:
-        release: stops and joins a session's background threads.
+        end: ends a session (`InOrderSession.end`).
     """
-    HOOK.add(release)
+    HOOK.add(end)

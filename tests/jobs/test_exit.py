@@ -13,9 +13,7 @@ upstream (the same script, unpatched) in the same run, the launches interleaved.
 
 - `end_training`: the job ends with `accelerator.end_training()` (destroys the group): barrier mode,
   gather mode, upstream;
-- `no_destroy`: the job leaves its group to interpreter exit: barrier mode, gather mode, upstream;
-- `switch`: barrier mode, then `configure(mode="gather")` on every rank, ending with `end_training()`,
-  against the `end_training` group's upstream.
+- `no_destroy`: the job leaves its group to interpreter exit: barrier mode, gather mode, upstream.
 
 Each patched variant may abort at most once more than its upstream (torch's own aborts are random).
 Every run must end with exit code 0 or that abort and nothing else; every in_order record comes out
@@ -55,7 +53,6 @@ VARIANTS = {
     "no_destroy/upstream": ("no_destroy", "0", "barrier", "none", "none"),
     "no_destroy/barrier": ("no_destroy", "1", "barrier", "none", "none"),
     "no_destroy/gather": ("no_destroy", "1", "gather", "none", "none"),
-    "switch/barrier->gather": ("end_training", "1", "barrier", "end_training", "gather"),
 }
 
 
@@ -124,7 +121,3 @@ def test_end_training_adds_no_abort_at_exit(aborts):
 
 def test_a_group_left_to_interpreter_exit_adds_no_abort(aborts):
     _assert_no_added_abort(aborts, ["no_destroy/barrier", "no_destroy/gather"], "no_destroy/upstream")
-
-
-def test_a_mode_switch_adds_no_abort_at_exit(aborts):
-    _assert_no_added_abort(aborts, ["switch/barrier->gather"], "end_training/upstream")

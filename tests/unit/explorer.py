@@ -11,7 +11,7 @@ is a pure function of its seed, and a failing seed replays exactly:
     python tests/unit/explorer.py --schedules 200000 --jobs 2   # the long run (docs/barrier-mode.md)
 
 The seed draws a script per rank (2-4 ranks, 1-2 sites, steps with a user collective or not; in half the
-schedules each rank's first call agrees on the mode first, through `store.mode`) and the faults of a
+schedules the main process's word is in the store from the start, as `session.watch_start` writes it) and the faults of a
 TCPStore job: a rank that skips a call or a step, comes late, makes a main-only call, dies before an
 operation reaches the server or after it was applied, or inside its turn (in its log handler), or whose
 handler is slow; junk written to a check-in or handoff key; a connection that fails (before or after
@@ -57,7 +57,7 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from accelerate_inorder_fix import bounds  # noqa: E402
-from accelerate_inorder_fix._call import InOrderCall, LogArgs  # noqa: E402
+from accelerate_inorder_fix._call import InOrderCall, LogArgs, emit_at_once  # noqa: E402
 from accelerate_inorder_fix._origin import Origin  # noqa: E402
 from accelerate_inorder_fix.barrier import (
     checkin,  # noqa: E402
@@ -65,7 +65,8 @@ from accelerate_inorder_fix.barrier import (
     side,  # noqa: E402
     turns,  # noqa: E402
 )
-from accelerate_inorder_fix.store import mode  # noqa: E402
+from accelerate_inorder_fix.session import WORD_KEY  # noqa: E402
+from accelerate_inorder_fix.store.connection import wait_get  # noqa: E402
 from accelerate_inorder_fix.testing import StoreTimeout  # noqa: E402  (what a wait raises at its deadline)
 
 
@@ -112,7 +113,7 @@ class Script:
     die_in_turn: dict[int, int] = field(default_factory=dict)  # rank -> the call whose emit it dies in
     slow: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (call, seconds its emit takes)
     wall_jump: float = 0.0
-    agree: bool = False  # each rank's first call agrees on the mode first, through the store (`store.mode`)
+    agree: bool = False  # each rank's first call reads the main process's word first (`session.InOrderSession._word`)
     # (rank, step, site) -> the ordinary delay (no divergence) the rank makes before that call; a drawn script's
     # only: others' delays are what a rank may wait for besides the divergences (`_ordinary_wait`)
     ordinary: dict[tuple[int, int, str], float] = field(default_factory=dict)
@@ -475,10 +476,10 @@ class Rank:
         self.logger = self
         self.calls = 0
         self.at_site: dict[str, int] = {}  # site -> calls this rank made there (retired ones too)
+        self.word = False  # the main process's word read (`agree`)
         self.call_tag = ""
         self.in_turns = False  # inside a `go` call's handoff turns
         self.nested = False  # its handler made its in_order call already (`Script.nested_at`)
-        self.deadline: Optional[float] = None  # set by the first call's mode agreement
 
     def _reconnect(self) -> Connection:
         if self.rank in self.sim.script.reconnect_fails:
@@ -528,32 +529,38 @@ class Rank:
         self.calls += 1
         site = SITES[letter]
         name = checkin.site_name(site)
+        start, call = self.sim.now, self.calls
+        this = InOrderCall(
+            site, LogArgs(self, 20, (self.rank, call, letter), (), {}), Origin(self.rank, "host", False), T
+        )
+        if self.sim.script.agree and not self.word and not self.agree(T if call == 1 else 0.0):
+            self.call_tag = self.sim.current[self.rank] = f"{name}/at once"
+            emit_at_once(this)  # no word from the main process yet: logged at once, not numbered, as the session does
+            self.sim.events.append(("at once", self.rank, name, start, self.sim.now))
+            return
         self.at_site[name] = self.at_site.get(name, 0) + 1
         self.call_tag = self.sim.current[self.rank] = f"{name}/{self.at_site[name]}"
         self.sim.made[(self.rank, name)] = self.at_site[name]
-        start, call, tag = self.sim.now, self.calls, self.call_tag
-        if call == 1 and self.sim.script.agree:
-            self.agree()
-        log = LogArgs(self, 20, (self.rank, call, letter), (), {})
-        number = self.at_site[name]  # as the session numbers it: every call at the site is a barrier-mode one
-        self.barrier.call(InOrderCall(site, log, Origin(self.rank, "host", False), T, number, self.deadline))
-        self.deadline = None
-        self.sim.events.append(("call", self.rank, tag, start, self.sim.now, call))
+        this.count = self.at_site[name]  # as the session numbers it: every call at the site is a barrier-mode one
+        self.barrier.call(this)
+        self.sim.events.append(("call", self.rank, self.call_tag, start, self.sim.now, call))
 
-    def agree(self) -> None:
-        """The first call's mode agreement, as `session.InOrderSession._agree` makes it on this rank's store
-        connection: the main process publishes its word, every other rank waits for it up to T. A failure, or
-        no word in time, leaves the rank on its own setting (barrier mode here, as everywhere in the explorer)."""
-        start = self.sim.now
-        self.deadline = start + T  # the call's, which its check-in keeps (`InOrderCall.deadline`)
+    def agree(self, wait: float) -> bool:
+        """The first call's mode agreement, as `session.InOrderSession._word` makes it on this rank's store
+        connection: the main process publishes its word, every other rank waits for it up to `wait` (T at its
+        first call, none after one that missed it). A failure, or no word in time, logs the call at once (False)."""
+        start, word = self.sim.now, True
         try:
             if self.rank == 0:
-                mode.publish_mode(self.side.store, "barrier")
+                self.side.store.set(WORD_KEY, "barrier session")
             else:
-                mode.read_mode(self.side.store, T)
-        except Exception:  # noqa: BLE001 -- the session says so once and keeps its own setting
+                word = wait_get(self.side.store, WORD_KEY, wait) is not None
+        except Exception:  # noqa: BLE001 -- the session says so once and logs the call at once
             self.sim.events.append(("agreement failed", self.rank))
+            word = False
         self.sim.events.append(("agree", self.rank, self.call_tag, start, self.sim.now))
+        self.word = word
+        return word
 
     def main(self) -> None:
         died = False
@@ -873,7 +880,7 @@ def _store(sim: Sim) -> list[str]:
     # there gives up at its first operation, before its own (its key of call k-1); a death stops the first two
     undone = UNDONE_BY_FAILURE * len(sim.failed) + UNDONE_BY_DEATH * len(sim.dead - sim.failed)
     bound = bounds.store_keys(script.n, len(used)) + junk + undone + _never_back(sim)
-    bound += mode.MODE_KEY in sim.data  # the main process's mode word, once per job
+    bound += WORD_KEY in sim.data  # the main process's word, once per session
     if len(sim.data) > bound:
         return [f"{len(sim.data)} keys left in the store (bound {bound}, {len(used)} site(s)): {sorted(sim.data)}"]
     return []
@@ -991,7 +998,7 @@ def _turn_before_wake(self: side.BarrierSide, call: InOrderCall, record: Any) ->
         record.emit()
         key = checkin.Call(checkin.site_name(call.site), call.count).handoff(self.checkin.rank)
         self.checkin.store.set(key, checkin.HANDED)
-    arrival = self.checkin.arrive(call.site, call.count, call.timeout, call.deadline)
+    arrival = self.checkin.arrive(call.site, call.count, call.timeout)
     return arrival, self.checkin.settle(arrival)
 
 
@@ -1093,6 +1100,8 @@ def explore(seed: int, wall_clock: bool = False) -> tuple[Sim, list[str]]:
 def run(script: Script, seed: int = 0, wall_clock: bool = False) -> tuple[Sim, list[str]]:
     """Run `script` on the schedule `seed` picks; the finished simulation and its invariant violations."""
     sim = Sim(seed, script, wall_clock)
+    if script.agree:  # the main process's word, written when its process group started (`session.watch_start`)
+        sim.data[WORD_KEY] = b"barrier session"
     ranks = {r: Rank(sim, r) for r in range(script.n)}
     sim.run({r: ranks[r].main for r in ranks})
     return sim, check(sim)

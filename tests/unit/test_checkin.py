@@ -411,7 +411,7 @@ def test_the_first_calls_mode_agreement_is_on_the_modelled_path_and_costs_nothin
     assert not problems, problems
     agreed = [e for e in sim.events if e[0] == "agree"]
     assert len(agreed) == 3 and all(e[4] == e[3] for e in agreed)
-    assert sim.data["mode"] == b"barrier"
+    assert sim.data["session"].startswith(b"barrier ")  # the main process's word: mode and prefix
 
 
 @pytest.mark.parametrize("n, seed", [(2, 0), (3, 1), (4, 2), (4, 3)])
@@ -426,7 +426,7 @@ def test_a_handler_that_logs_in_order_in_its_turn_hangs_nothing_and_loses_no_rec
     assert not problems, problems
 
 
-@pytest.mark.parametrize("seed", [40046772, 40066647, 40170109])
+@pytest.mark.parametrize("seed", [40047666, 40066647, 40091509])
 def test_a_halfway_that_gives_up_two_cycles_names_the_ranks_where_its_one_look_saw_them(seed):
     """A rank skipped a call at A, so it never makes the handler's call H in that call's turns: halfway in its
     next call it gives up both, A first, from one read of the markers. Giving A up wakes the ranks there, whose
@@ -440,7 +440,7 @@ def test_a_halfway_that_gives_up_two_cycles_names_the_ranks_where_its_one_look_s
     assert not problems, problems
 
 
-@pytest.mark.parametrize("seed", [40075757, 40077608, 40084618, 40125401, 40174543])
+@pytest.mark.parametrize("seed", [40075757, 40077608, 40084618, 40125401, 40000876])
 def test_junk_in_a_verdict_key_read_in_a_turn_whose_handler_logs_in_order_costs_no_wait(seed):
     """Junk in a verdict key wakes rank 1, which takes its turn before it reads the junk and wakes the others;
     its handler's in_order call waits for them meanwhile (a cycle halfway cannot see: the call they wait in is

@@ -476,7 +476,7 @@ def test_every_file_a_test_docstring_names_exists():
         ("store/no_such_module.py", True),
         ("transport.Cleaner", True),
         ("GatherSession.release", True),
-        ("InOrderSession.release", False),
+        ("InOrderSession.end", False),
         ("session.SESSION.close", False),
         ("queues.cleanup_store()", True),
         ("accelerate_inorder_fix.testing.reset", False),

@@ -227,20 +227,3 @@ def test_bad_collapse_in_configure_raises_and_changes_nothing():
     with pytest.raises(ValueError, match="collapse must be on or off"):
         settings.configure(mode="barrier", collapse="maybe")
     assert (settings.mode(), settings.collapse()) == ("gather", True)
-
-
-def test_barrier_mode_says_once_that_collapse_applies_to_gather_mode_only(monkeypatch, capsys):
-    from accelerate_inorder_fix import _diagnostics
-
-    monkeypatch.setattr(_diagnostics, "DIAGNOSTICS", _diagnostics.Diagnostics())
-    monkeypatch.delenv(config.LOCAL_RANK_ENV, raising=False)
-    settings = config.Settings()
-    monkeypatch.setattr(config, "SETTINGS", settings)
-    monkeypatch.delenv(config.COLLAPSE_ENV, raising=False)
-    config.note_collapse_in_barrier_mode()
-    assert capsys.readouterr().err == ""  # off: nothing to say
-    settings.configure(collapse=True)
-    for _ in range(3):
-        config.note_collapse_in_barrier_mode()
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and "applies to gather mode only" in lines[0], lines

@@ -55,7 +55,7 @@ def test_a_subgroup_destroyed_releases_nothing_and_a_failing_release_never_reach
     hook.on_destroy(broken)
     with pytest.raises((ValueError, RuntimeError, AssertionError)):  # torch's error, not the OSError
         torch_distributed.destroy_process_group()
-    assert calls == ["release"] and "could not release in_order threads before destroy" in capsys.readouterr().err
+    assert calls == ["release"] and "could not end the in_order session before destroy" in capsys.readouterr().err
 
 
 def test_reset_puts_torchs_own_functions_back_and_forgets_every_release(hook):

@@ -1,7 +1,7 @@
-"""Promise: `accelerate_inorder_fix.testing` works as its docstring shows (simulated ranks agree on the mode
-through its in-memory store), and `testing.reset()` puts the package back in its import-time state: the
-session closed and new, nothing left with atexit or on torch's functions, `configure()` and its mode
-generation forgotten, warnings unsaid, the patch as the import made it."""
+"""Promise: `accelerate_inorder_fix.testing` works as its docstring shows (simulated ranks take the main
+process's mode through its in-memory store), and `testing.reset()` puts the package back in its import-time
+state: the session closed and new, nothing left with atexit or on torch's functions, `configure()`
+forgotten, warnings unsaid, the patch as the import made it."""
 
 import os
 import subprocess
@@ -17,7 +17,7 @@ import accelerate_inorder_fix
 from accelerate_inorder_fix import config, testing
 from accelerate_inorder_fix._diagnostics import warn_once
 from accelerate_inorder_fix.session import SESSION
-from accelerate_inorder_fix.store import mode
+from accelerate_inorder_fix.store import teardown
 from accelerate_inorder_fix.store.errors import is_timeout
 
 
@@ -44,8 +44,8 @@ from accelerate_inorder_fix.store import teardown
 close = InOrderSession.close
 InOrderSession.close = lambda self: (print("close", flush=True), close(self))
 main, other = testing.simulated_ranks(2)
-assert [main.agree(Settings()), other.agree(Settings())] == ["barrier", "barrier"]
-assert main.session._store is other.session._store is not None
+assert [main.mode(Settings()), other.mode(Settings())] == ["barrier", "barrier"]
+assert main.session.current_side.checkin.store.prefix == other.session.current_side.checkin.store.prefix
 assert len(teardown.HOOK.callbacks()) == 2
 {closing}
 print("exit", flush=True)
@@ -73,20 +73,19 @@ def test_reset_is_the_import_time_state(capsys):
     SESSION.close()
     testing.reset()
     assert (config.SETTINGS.mode_source(), config.SETTINGS.timeout_source()) == ("default", "default")
-    assert config.SETTINGS.mode_generation == 0  # a later configure(mode=...) is the first switch again
     assert warn_once("said once", "test-key")  # unsaid again: said once more
-    assert not SESSION._closed and SESSION._agreement is None
+    assert SESSION.mode is None and testing.side() is None
     assert accelerate_inorder_fix.is_patched() == (config.switch() != "off" and "accelerate.logging" in sys.modules)
     assert capsys.readouterr().err.count("said once") == 2
 
 
-def test_reset_unwraps_torchs_init_process_group(monkeypatch):
+def test_reset_unwraps_torchs_destroy_process_group(monkeypatch):
     # With the patch off (ACCELERATE_INORDER_FIX=0), the import leaves torch's functions as they are.
     monkeypatch.setenv("ACCELERATE_INORDER_FIX", "0")
-    mode.on_start(lambda: None)
-    assert isinstance(dist.init_process_group, wrapt.FunctionWrapper)
+    teardown.on_destroy(lambda: None)
+    assert isinstance(dist.destroy_process_group, wrapt.FunctionWrapper)
     testing.reset()
-    assert not isinstance(dist.init_process_group, wrapt.FunctionWrapper) and mode.HOOK.callbacks() == []
+    assert not isinstance(dist.destroy_process_group, wrapt.FunctionWrapper) and teardown.HOOK.callbacks() == []
     assert not accelerate_inorder_fix.is_patched()
     monkeypatch.delenv("ACCELERATE_INORDER_FIX")
     testing.reset()

@@ -18,7 +18,7 @@ from accelerate import PartialState
 from accelerate.logging import MultiProcessAdapter, get_logger
 
 import accelerate_inorder_fix as fix
-from accelerate_inorder_fix import _wrapper
+from accelerate_inorder_fix import session as session_module
 
 
 class Theirs:
@@ -132,15 +132,15 @@ def _plain_wrapper_above(calls: list[str]) -> Callable[..., Any]:
 
 @pytest.fixture
 def ours_ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each in_order record our wrapper emits (its `EmitOnce`, which upstream's body never makes)."""
+    """Each in_order record our wrapper emits (through the session's `emit_at_once`, which upstream's body never calls)."""
     seen: list[str] = []
+    emit = session_module.emit_at_once
 
-    class Spy(_wrapper.EmitOnce):
-        def emit(self) -> None:
-            seen.append(str(self.log.msg))
-            super().emit()
+    def spy(call: Any) -> None:
+        seen.append(str(call.log.msg))
+        emit(call)
 
-    monkeypatch.setattr(_wrapper, "EmitOnce", Spy)
+    monkeypatch.setattr(session_module, "emit_at_once", spy)
     return seen
 
 

@@ -285,11 +285,11 @@ def _connection_error(text):
 
 def reply_lost(r):
     """Rank 1's second post lands in the store, but its connection fails before the reply: each record once."""
-    from accelerate_inorder_fix.session import SESSION
+    from accelerate_inorder_fix import testing
 
     r.log.info(f"reply_lost#1 r{r.index}", in_order=True)
     if r.index == 1:
-        outbox = SESSION._gather.outbox  # test-only look inside: the post connection, as the package opened it
+        outbox = testing.side().outbox  # the post connection, as the package opened it
         outbox.store = _RepliesLost(outbox.store, r.index)
     for call in (2, 3):
         start = time.monotonic()

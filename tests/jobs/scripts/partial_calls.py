@@ -53,11 +53,9 @@ class Rank:
 
     def verdicts(self, case, *functions):
         """Whether each site in `functions` was given up on this rank (the one verdict every rank must share)."""
-        from accelerate_inorder_fix.session import SESSION
+        from accelerate_inorder_fix import testing
 
-        side = (
-            SESSION._barrier and SESSION._barrier.checkin
-        )  # test-only look inside: the check-in's memory of each site
+        side = getattr(testing.side(), "checkin", None)  # the check-in's memory of each site
         sites = {} if side is None else {site[1]: state.retired for site, state in side.sites.items()}
         self.result(case, "retired", {f.__name__: sites.get(f.__name__) for f in functions})
 

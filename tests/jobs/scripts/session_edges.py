@@ -1,6 +1,6 @@
 """The session's edges, run on every rank of a real job (tests/jobs/test_session_edges.py).
 
-    torchrun --nproc_per_node 3 session_edges.py first_call,fork_locked,one_sided,reconnect,at_exit
+    torchrun --nproc_per_node 3 session_edges.py first_call,fork_locked,one_sided,at_exit
 
 Each case makes in_order calls whose messages name the case, the call and the rank (`case#call r<rank>`,
 ` child` for a forked child's); every record line ends with ` by=r<k> p<pid>`: the rank of the process
@@ -131,37 +131,6 @@ def one_sided(r):
     r.result("one_sided", "seconds", round(time.monotonic() - start, 3))
 
 
-class _FailsOnce:
-    """A store whose first `add` fails, as a connection that broke mid-call; the rest passes through."""
-
-    def __init__(self, store):
-        self._store, self._failed = store, False
-
-    def add(self, key, value):
-        if not self._failed:
-            self._failed = True
-            raise RuntimeError("injected: the store connection broke")
-        return self._store.add(key, value)
-
-    def __getattr__(self, name):
-        return getattr(self._store, name)
-
-
-def reconnect(r):
-    """Rank 1's check-in connection fails mid-call: it reconnects; the new connection's timeout is T + 5 s."""
-    from accelerate_inorder_fix.session import SESSION
-
-    side = SESSION._barrier.checkin  # test-only look inside
-    if r.index == 1:
-        side.store = _FailsOnce(side.store)
-    start = time.monotonic()
-    r.log.info(f"reconnect#1 r{r.index}", in_order=True)
-    r.result("reconnect", "seconds", round(time.monotonic() - start, 3))
-    store = SESSION._barrier.checkin.store
-    r.result("reconnect", "replaced", not isinstance(store, _FailsOnce) and r.index == 1)
-    r.result("reconnect", "store_timeout", store.underlying_store.timeout.total_seconds())
-
-
 def at_exit(r):
     """Nothing now: the exit handler (registered first, so it runs after the package closed) makes the calls."""
 
@@ -196,7 +165,7 @@ def first_post(r):
 def others_only(r):
     """`if not is_main_process: logger.info(..., in_order=True)` next to an every-rank call, 30 steps of 0.1 s
     (1.5 T in all), an all_reduce each. The main process says how many calls its collector still keeps."""
-    from accelerate_inorder_fix.session import SESSION
+    from accelerate_inorder_fix import testing
 
     for step in range(1, 31):
         if not r.state.is_main_process:
@@ -205,10 +174,10 @@ def others_only(r):
         r.all_reduce_sum()
         time.sleep(0.1)
     if r.state.is_main_process:
-        r.result("others_only", "kept", len(SESSION._gather._collector.pending))  # test-only look inside
+        r.result("others_only", "kept", len(testing.side()._collector.pending))  # a look inside
 
 
-CASES = {f.__name__: f for f in (first_call, fork_locked, one_sided, reconnect, at_exit, first_post, others_only)}
+CASES = {f.__name__: f for f in (first_call, fork_locked, one_sided, at_exit, first_post, others_only)}
 
 
 def main(names):

@@ -78,13 +78,14 @@ def main():
     accelerator.wait_for_everyone()
     if PATCH != "nolog":
         log.info(f"exit#{call} r{rank} saved", in_order=True)
+    cleaner = int(_cleaner_started())  # before the session ends with the process group
     if END == "end_training":
         accelerator.end_training()
     elif END == "destroy":
         torch.distributed.destroy_process_group()
     # One write per line: `accelerate launch` runs ranks with `python -u`, where print() writes the
     # newline on its own and ranks' lines could merge on the shared pipe.
-    sys.stdout.write(f"@@DONE r{rank} cleaner={int(_cleaner_started())} threads={_our_threads()}\n")
+    sys.stdout.write(f"@@DONE r{rank} cleaner={cleaner} threads={_our_threads()}\n")
     sys.stdout.flush()
 
 
@@ -92,9 +93,9 @@ def _cleaner_started():
     """Whether this rank's gather-mode clean-up thread ever ran (private state: a test probe)."""
     if PATCH == "0":
         return False
-    from accelerate_inorder_fix.session import SESSION
+    from accelerate_inorder_fix import testing
 
-    outbox = SESSION._gather and SESSION._gather.outbox
+    outbox = getattr(testing.side(), "outbox", None)
     cleaner = None if outbox is None else outbox.cleaner
     return cleaner is not None and cleaner._thread is not None
 
