@@ -24,7 +24,7 @@ from typing import Any, Callable
 from . import _callsite
 from ._call import InOrderCall, LogArgs
 from ._upstream import UpstreamBody
-from .barrier.turns import EmitOnce
+from .barrier.turns import emit_at_once
 from .config import SETTINGS, Settings
 from .session import SESSION, InOrderSession
 
@@ -72,13 +72,13 @@ def make_log_wrapper(
         kwargs["stacklevel"] = _callsite.caller_stacklevel(body, kwargs)
         log = LogArgs(instance, level, msg, tuple(rest), kwargs)
         state = PartialState()
-        if state.num_processes <= 1:
-            EmitOnce(log, session.origin(state)).emit()
-            return None
         # One in_order call at a time per process (`session.lock`, held by `InOrderSession.call`): each
         # call's turns pair up across ranks even when several threads log, and a gather call's record and
         # number stay together.
         call = InOrderCall(_callsite.call_site(body), log, session.origin(state), settings.timeout())
+        if state.num_processes <= 1:
+            emit_at_once(call)
+            return None
         session.call(state, settings, call)
         return None
 

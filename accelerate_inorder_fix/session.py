@@ -134,7 +134,7 @@ class InOrderSession:
             if self._store is None:
                 return PlainBarriers(state)
             if self._barrier is None:
-                self._barrier = BarrierSide(self._store, state.process_index, state.num_processes, self._reconnect)
+                self._barrier = BarrierSide(self._store, state.process_index, state.num_processes)
             return self._barrier
 
     def _count(self, agreed: str, site: Site) -> int:
@@ -319,8 +319,7 @@ class InOrderSession:
         self._gather_tried = True
 
     def _reconnect(self) -> Store:
-        """A fresh store connection, after one failed: the check-in's (`CheckIn.reconnect`), a post's
-        (`GatherSide`).
+        """A fresh store connection, after one failed: a post's (`GatherSide`).
 
         Opened as the first one was, with the timeout in effect now: its own timeout is that plus 5 s,
         never the process group's; and only if the store's server answers within it (`connection.reopen_store`).

@@ -167,19 +167,6 @@ def test_call_counts_are_per_site_and_mode_and_give_each_call_its_identity():
     session.close()
 
 
-def test_a_skipped_first_call_costs_one_timeout_in_all_agreement_and_check_in_together(capsys):
-    """The main process never comes: rank 1 waits for its mode word, then checks in by the same deadline."""
-    (rank1,) = _sessions(InMemoryStore(), n=1)
-    settings = _settings("barrier", timeout=0.3)
-    start = time.monotonic()
-    call = _call(timeout=0.3)
-    rank1.call(_rank(1), settings, call)
-    assert call.deadline is not None  # the agreement waited: the check-in kept its deadline
-    assert time.monotonic() - start < 1.25 * 0.3  # f0a0bfc: the agreement's T, then the check-in's T
-    assert "did not make it within 0.3 s" in capsys.readouterr().err
-    rank1.close()
-
-
 def test_a_switch_made_on_one_rank_alone_is_refused_with_one_line_and_one_made_by_the_main_process_is_taken(capsys):
     store = InMemoryStore()
     main, rank1 = _sessions(store)

@@ -132,15 +132,15 @@ def _plain_wrapper_above(calls: list[str]) -> Callable[..., Any]:
 
 @pytest.fixture
 def ours_ran(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Each in_order record our wrapper emits (its `EmitOnce`, which upstream's body never makes)."""
+    """Each in_order record our wrapper emits (its `emit_at_once`, which upstream's body never makes)."""
     seen: list[str] = []
+    emit = _wrapper.emit_at_once
 
-    class Spy(_wrapper.EmitOnce):
-        def emit(self) -> None:
-            seen.append(str(self.log.msg))
-            super().emit()
+    def spy(call: Any) -> None:
+        seen.append(str(call.log.msg))
+        emit(call)
 
-    monkeypatch.setattr(_wrapper, "EmitOnce", Spy)
+    monkeypatch.setattr(_wrapper, "emit_at_once", spy)
     return seen
 
 
