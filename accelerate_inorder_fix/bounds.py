@@ -25,16 +25,16 @@ class Bound:
     meaning: str
 
 
-CHECK_IN = Bound(1.0, "T", "a rank's check-in (the wait for a call's verdict) ends within T")
-CALL = Bound(1.5, "T", "a call on any rank (mode agreement, check-in and turns) waits at most 1.5 T")
-DEATH = Bound(1.5, "T", "a rank that dies costs each other rank at most 1.5 T of waiting, in all")
+CHECK_IN = Bound(2.0, "T", "a rank's check-in ends within T, or 2 T at a call that won a wait-for cycle")
+CALL = Bound(2.75, "T", "a call on any rank (check-in and turns) waits at most 2.75 T")
+DEATH = Bound(1.75, "T", "a rank that dies costs each other rank at most 1.75 T of waiting, in all")
 DIVERGENCE = Bound(
-    1.5, "T", "a call some rank skips (or a rank late past T) costs each rank at most 1.5 T, per divergence"
+    2.0, "T", "a call some rank skips (or a rank late past T) costs each rank at most 2 T, per divergence"
 )
-MAIN_ONLY = Bound(0.5, "T", "a main-only call before an every-rank call costs half a timeout, once")
+MAIN_ONLY = Bound(1.0, "T", "a main-only call before an every-rank call costs one timeout, once")
 LATE_AFTER_VERDICT = Bound(0.0, "T", "a rank that comes to a call after its verdict was written waits 0")
 DECIDED = Bound(0.0, "T", "once a call's verdict is a skip, no rank waits in it any more")
-KEYS_PER_SITE = Bound(2.0, "keys", "store keys per site used: 2N + 1 (counter, two verdicts, 2(N-1) handoff keys)")
+KEYS_PER_SITE = Bound(1.0, "keys", "store keys per site used: N + 3 (counter, two verdicts, N handoff keys)")
 KEYS_PER_RANK = Bound(1.0, "keys", "store keys per rank: its one marker (`w/<r>`)")
 GATHER_POST = Bound(
     0.0, "T", "gather mode: a non-main rank's post waits 0 while it holds fewer than GATHER_QUEUE records in the store"
@@ -51,10 +51,10 @@ ALL: dict[str, Bound] = {name.lower(): value for name, value in list(globals().i
 
 
 def keys_per_site(world_size: int) -> int:
-    """The store keys one call site may hold at rest, at `world_size` ranks: 2N + 1."""
-    return int(KEYS_PER_SITE.value) * world_size + 1
+    """The store keys one call site may hold at rest, at `world_size` ranks: N + 3."""
+    return int(KEYS_PER_SITE.value) * world_size + 3
 
 
 def store_keys(world_size: int, sites: int) -> int:
-    """The store keys barrier mode may hold at rest: 2N + 1 per site used, and one marker per rank."""
+    """The store keys barrier mode may hold at rest: N + 3 per site used, and one marker per rank."""
     return keys_per_site(world_size) * sites + int(KEYS_PER_RANK.value) * world_size

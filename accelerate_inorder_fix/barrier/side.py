@@ -1,117 +1,95 @@
-"""This process's barrier-mode side: one call, top to bottom, and the warnings a call given up leaves behind.
+"""This process's barrier-mode side: one call, in the order it runs, and the warning a skip leaves.
 
-`BarrierSide.call` reads in the order it runs: rank 0's turn (its record out before it checks in, so
-that a `go` also says rank 0's is out); the check-in (`checkin.CheckIn.arrive`), which for rank r >= 1
-in a `go` ends on the write that is its turn, taken then, before the verdict is read
-(`checkin.CheckIn.settle`); on a skip, the record at once; on a `go`, the other turns, handed over
-through the store, and the go's tidy-up (`handoff.Handoff`). No collective runs.
+`BarrierSide.call` checks the call in (`checkin.CheckIn.verdict`), then follows the verdict: a skip
+emits at once (said once per site), a `go` takes the turns (`handoff.Turns`). The record is logged in
+one place, `_call.emit_at_once`. No collective runs, and a call waits at most 2.75 T.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import time
+from typing import Callable
 
-from .._call import InOrderCall
-from .._callsite import Site
+from .._call import InOrderCall, emit_at_once
 from .._diagnostics import COLLECTIVE, CallWarning, site_text, warn_once
 from ..config import TIMEOUT_ENV
 from ..store.connection import Store
-from .checkin import Arrival, CheckIn, Verdict, Why
-from .handoff import Handoff
-from .turns import EmitOnce
+from .checkin import MARK, Call, CheckIn, Verdict, Why, site_name
+from .handoff import Turns
 
 
 class BarrierSide:
-    """Barrier mode's calls through the job's store: each checked in (`checkin`), then its turns (`handoff`).
+    """Barrier mode's calls through the job's store: each checked in, then its turns.
+
+    Thread-safe for concurrent calls at different sites (the session serializes one site).
 
     Args:
-        store: this process's connection to the job's store (prefixed).
+        store: this process's connection to the job's store (prefixed for the session).
         rank, world_size: this process's place in the job.
-        reconnect (`Callable[[], Store]`, *optional*): a fresh connection, for a check-in whose own failed.
+        clock: monotonic seconds (the explorer passes its own).
     """
 
-    def __init__(
-        self, store: Store, rank: int, world_size: int, reconnect: Optional[Callable[[], Store]] = None
-    ) -> None:
-        self.checkin = CheckIn(store, rank, world_size, reconnect=reconnect)
+    def __init__(self, store: Store, rank: int, world_size: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.checkin = CheckIn(store, rank, world_size, clock)
+        self.turns = Turns(self.checkin)
 
     def call(self, call: InOrderCall) -> None:
-        """One in_order call of this rank: rank 0's turn, the check-in, then a skip's emit or the go's turns."""
-        record = EmitOnce(call.log, call.origin)
-        if self.checkin.rank == 0:
-            record.emit()
-        arrival, verdict = self._check_in(call, record)
-        if not verdict.go:  # some rank will not come: nobody waits for anyone in this call
-            say_skipped(self.checkin, call.site, verdict, call.timeout)
-            record.emit()
+        """One in_order call of this rank: check in, read the verdict, then the turns or the record at once."""
+        start = self.checkin.clock()
+        where = Call(site_name(call.site), call.count)
+        verdict = self.checkin.verdict(where, start + call.timeout, call.timeout)
+        if not verdict.go:
+            say_skipped(self.checkin, where, verdict, call.timeout)
+            emit_at_once(call)
             return
-        self._take_turns(arrival, record)
+        out: list[bool] = []  # whether the turn's emit ran (the store may fail after it)
 
-    def _check_in(self, call: InOrderCall, record: EmitOnce) -> tuple[Arrival, Verdict]:
-        """The call's check-in, and the verdict every rank follows. Rank r >= 1 whose wait ended on its wake
-        key takes its turn in between: it emits and hands over, then reads the verdict (in a skip that only
-        puts its record out early)."""
-        arrival = self.checkin.arrive(call.site, call.count, call.timeout)
-        if arrival.woken and self.checkin.rank > 0:
-            record.emit()
-            self.checkin.hand_over(arrival)
-        return arrival, self.checkin.settle(arrival)
+        def emit() -> None:
+            out.append(True)
+            emit_at_once(call)
 
-    def _take_turns(self, arrival: Arrival, record: EmitOnce) -> None:
-        """A `go`: this rank's turn unless it came with the wake, the go's tidy-up, the wait for the call's end."""
-        Handoff(self.checkin, arrival).take_turns(record.emit)
+        try:
+            self.turns.take(where, start + call.timeout, call.timeout, emit)
+            self.checkin.forget(where)
+        except Exception as exc:  # noqa: BLE001 -- the store failed mid-turns: the record was out, or goes now
+            warn_once(f"barrier mode lost its store during a call's turns: {exc!r}", key=("turns", type(exc)))
+            if not out:
+                emit_at_once(call)
+
+    def close(self) -> None:
+        """Delete this rank's marker (idempotent, never raises); the session's prefix holds the rest."""
+        try:
+            self.checkin.store.delete_key(MARK + str(self.checkin.rank))
+        except Exception:  # noqa: BLE001 -- a store already gone has nothing left to delete
+            return
 
 
-# What the deciding rank says of the ranks that did not make a call, by why it was given up: what
-# happened, its cost as a share of the timeout, and what came first in what happens next.
-_GIVEN_UP = {
-    Why.CYCLE: (
-        "had not made it, waiting at another in_order call ({other}) for the ranks here",
-        0.5,
-        "the call was given up halfway through the wait so that the other could go on; ",
-    ),
-    Why.ABSENT: (
-        "had not made it, missing since an earlier in_order call and not back within half of {env} in all",
-        0.5,
-        "",
-    ),
+_TAIL = "this call's records are printed unordered on each rank, and so are those of every later in_order call from this line"
+_WHAT = {
+    Why.CYCLE: ("had not made it, waiting at another in_order call ({other}) for the ranks here", 1.0),
+    Why.ABSENT: ("had not made it, missing since an earlier in_order call and not back within half of {env}", 0.5),
+    Why.TIMEOUT: ("did not make it within {timeout:g} s ({env})", 1.0),
 }
-_NOT_MADE = ("did not make it within {timeout:g} s ({env})", 1.0, "")
 
 
-def say_skipped(side: CheckIn, site: Site, verdict: Verdict, timeout: float) -> None:
-    """One line per diverged site and rank that has something to say; a retired site says nothing more."""
-    where = site_text(site)
-    rank = side.rank
-    tail = "this call's records are printed unordered on each rank, and so are those of every later in_order call from this line"
-    named = tuple(sorted(verdict.missing))
-    callers = [q for q in range(side.world_size) if q not in verdict.missing]
-    speaker = verdict.decider if verdict.decider in callers else (callers[:1] or [rank])[0]
-    if verdict.why is Why.DAMAGED:
-        text = CallWarning(where, (rank,), "found something else in the job's store at its check-in", None, tail)
-    elif verdict.why is Why.STORE:
-        text = CallWarning(where, (verdict.decider,), "lost its store connection during the check-in", None, tail)
-    elif rank in verdict.missing:
-        text = CallWarning(where, (rank,), "came after the call had been given up", 0, tail, COLLECTIVE)
-    elif rank != speaker or verdict.why is Why.RETIRED:
+def say_skipped(side: CheckIn, call: Call, verdict: Verdict, timeout: float) -> None:
+    """One line per given-up site: said by the rank that came late, or by the lowest rank that was there."""
+    where, rank = site_text(call.site), side.rank
+    present = [q for q in range(side.world_size) if q not in verdict.missing]
+    if verdict.why is Why.RETIRED:
         return
-    elif verdict.why is Why.TIMEOUT and not verdict.missing:
-        text = CallWarning(
-            where,
-            (),
-            f"every rank came to it, but one stopped in its check-in (it died, or hangs) and the call was not "
-            f"decided within {timeout:g} s ({TIMEOUT_ENV})",
-            timeout,
-            tail,
-        )
+    if verdict.why in (Why.DAMAGED, Why.STORE):
+        event = "found something else in the job's store" if verdict.why is Why.DAMAGED else "lost its store"
+        text = CallWarning(where, (rank,), f"{event} at its check-in", None, _TAIL)
+    elif rank in verdict.missing:
+        text = CallWarning(where, (rank,), "came after the call had been given up", 0, _TAIL, COLLECTIVE)
+    elif rank != (present or [rank])[0]:
+        return
+    elif not verdict.missing:
+        event = f"every rank came to it, but one stopped in its check-in (it died, or hangs) within {timeout:g} s ({TIMEOUT_ENV})"
+        text = CallWarning(where, (), event, timeout, _TAIL)
     else:
-        what, share, before_tail = _GIVEN_UP.get(verdict.why, _NOT_MADE)
-        text = CallWarning(
-            where,
-            named,
-            what.format(other=verdict.other, timeout=timeout, env=TIMEOUT_ENV),
-            timeout * share,
-            before_tail + tail,
-            COLLECTIVE,
-        )
-    warn_once(text, key=("checkin", site))
+        what, share = _WHAT.get(verdict.why, _WHAT[Why.TIMEOUT])
+        event = what.format(other=site_text(verdict.other.rpartition("/")[0]), timeout=timeout, env=TIMEOUT_ENV)
+        text = CallWarning(where, tuple(sorted(verdict.missing)), event, timeout * share, _TAIL, COLLECTIVE)
+    warn_once(text, key=("checkin", call.site))

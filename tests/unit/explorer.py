@@ -11,7 +11,7 @@ is a pure function of its seed, and a failing seed replays exactly:
     python tests/unit/explorer.py --schedules 200000 --jobs 2   # the long run (docs/barrier-mode.md)
 
 The seed draws a script per rank (2-4 ranks, 1-2 sites, steps with a user collective or not; in half the
-schedules the main process's word is in the store from the start, as `session.watch_start` writes it) and the faults of a
+schedules each rank's first call agrees on the mode first, through `store.mode`) and the faults of a
 TCPStore job: a rank that skips a call or a step, comes late, makes a main-only call, dies before an
 operation reaches the server or after it was applied, or inside its turn (in its log handler), or whose
 handler is slow; junk written to a check-in or handoff key; a connection that fails (before or after
@@ -57,7 +57,7 @@ from typing import Any, Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from accelerate_inorder_fix import bounds  # noqa: E402
-from accelerate_inorder_fix._call import InOrderCall, LogArgs, emit_at_once  # noqa: E402
+from accelerate_inorder_fix._call import InOrderCall, LogArgs  # noqa: E402
 from accelerate_inorder_fix._origin import Origin  # noqa: E402
 from accelerate_inorder_fix.barrier import (
     checkin,  # noqa: E402
@@ -65,8 +65,6 @@ from accelerate_inorder_fix.barrier import (
     side,  # noqa: E402
     turns,  # noqa: E402
 )
-from accelerate_inorder_fix.session import WORD_KEY  # noqa: E402
-from accelerate_inorder_fix.store.connection import wait_get  # noqa: E402
 from accelerate_inorder_fix.testing import StoreTimeout  # noqa: E402  (what a wait raises at its deadline)
 
 
@@ -113,7 +111,7 @@ class Script:
     die_in_turn: dict[int, int] = field(default_factory=dict)  # rank -> the call whose emit it dies in
     slow: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (call, seconds its emit takes)
     wall_jump: float = 0.0
-    agree: bool = False  # each rank's first call reads the main process's word first (`session.InOrderSession._word`)
+    agree: bool = False  # each rank's first call agrees on the mode first, through the store (`store.mode`)
     # (rank, step, site) -> the ordinary delay (no divergence) the rank makes before that call; a drawn script's
     # only: others' delays are what a rank may wait for besides the divergences (`_ordinary_wait`)
     ordinary: dict[tuple[int, int, str], float] = field(default_factory=dict)
@@ -272,16 +270,16 @@ class Sim:
             return
         # A counter, a marker, or the verdict key of a call being waited at, before its verdict: a verdict
         # that stands was read by some ranks already, and bytes changed under them cannot be taken back.
-        keys = sorted(k for k in self.data if k.startswith(checkin.MARK) or k.endswith("/n"))
+        keys = sorted(k for k in self.data if k.startswith(checkin.MARK) or k.startswith("c/"))
         keys += sorted({k for q in self.pending.values() if q.name == "wait" for k in q.args[0] if k not in self.data})
         if self.script.junk_handoff:
-            keys = [k for k in keys if k.startswith("b/h/")]
+            keys = [k for k in keys if k.startswith("h/")]
         if keys:
             key = self.rng.choice(keys)
             self._write(key, b"\x00junk", None)
             if key.startswith(checkin.MARK):
                 self.junked.add(int(key[len(checkin.MARK) :]))
-            if key.startswith("b/h/"):
+            if key.startswith("h/"):
                 self.junked_handoff.add(int(key.rpartition("/")[2]))
             self.events.append(("junk", key, self.now))
             self.script.junk_after = None
@@ -328,16 +326,16 @@ class Sim:
         """Who handed over when, which verdict stands and who wrote it; what a skip names."""
         if q.error is not None:
             return
-        if q.name == "set" and q.args[0].startswith("b/h/") and q.args[1] == checkin.HANDED:
+        if q.name == "set" and q.args[0].startswith("h/") and q.args[1] == handoff.HANDED:
             self.handed.setdefault(q.args[0], self.tick)
         key = q.args[0] if q.args and isinstance(q.args[0], str) else ""
-        verdict_key = key.startswith("b/s/") and not key.endswith("/n")
+        verdict_key = key.startswith("v/")
         if q.name == "compare_set" and verdict_key and q.args[0] in self.data:  # not a peek's miss
             if q.args[0] not in self.decided and q.result == q.args[2]:
                 self.writer[q.args[0]] = q.rank
             self.decided.setdefault(q.args[0], self.now)
             self.first.setdefault(q.args[0], self.data[q.args[0]])
-        if q.name == "compare_set" and q.args[0].startswith("b/s/") and q.args[2].startswith(checkin.SKIP):
+        if q.name == "compare_set" and q.args[0].startswith("v/") and q.args[2].startswith(checkin.SKIP):
             if q.result == q.args[2]:  # a skip written: who was counted at that call then
                 self._written_skip(q.args[0], q.result)
 
@@ -346,17 +344,15 @@ class Sim:
         key = q.args[0] if q.args and isinstance(q.args[0], str) else ""
         if q.name == "set" and key.startswith(checkin.MARK):
             self.marked.setdefault((q.rank, q.args[1]), self.tick)
-        # A give-up reads markers, counters, keys; then writes. Its wake writes ("skip" into the call's handoff
-        # keys) do not end the look: `_halfway` gives up every cycle it found from the one read of the markers.
-        woke = q.name == "set" and key.startswith("b/h/") and q.args[1] == checkin.SKIPPED
-        if q.name not in ("compare_set", "check") and not woke:
+        # A give-up reads markers, counters, keys; then writes: one look, from its first marker read.
+        if q.name not in ("compare_set", "check"):
             self.looking.pop(q.rank, None)
         elif key.startswith(checkin.MARK) and q.rank not in self.looking:
             self.looking[q.rank] = self.tick
 
     def _written_skip(self, key: str, blob: bytes) -> None:
         """A skip may name only ranks that had not checked in at its call when its writer began to look."""
-        marker = key[len("b/s/") :].encode()
+        marker = key[len("v/") :].encode()
         verdict = checkin.Verdict.decode(blob)
         began = self.looking.get(verdict.decider, self.tick)
         wrong = {q for q in verdict.missing if self.marked.get((q, marker), self.tick + 1) < began}
@@ -376,7 +372,7 @@ class Sim:
         for q in self.pending.values():
             if q.name == "wait" and key in q.args[0] or q.name == "get" and key == q.args[0]:
                 q.written.add(key)
-        if writer is None and key.startswith("b/s/") and not key.endswith("/n") and key not in self.decided:
+        if writer is None and key.startswith("v/") and key not in self.decided:
             self.decided[key], self.writer[key], self.first[key] = self.now, None, value
 
     def _set(self, key: str, value: bytes) -> None:
@@ -467,25 +463,18 @@ class Rank:
 
     def __init__(self, sim: Sim, rank: int) -> None:
         self.sim, self.rank, self.n = sim, rank, sim.script.n
-        self.side = checkin.CheckIn(Connection(sim, rank), rank, self.n, clock=sim.clock, reconnect=self._reconnect)
-        # The product's own side (its check-in, turns and warnings), on this check-in: the virtual clock
-        self.barrier = WatchedSide(self, Connection(sim, rank), rank, self.n, reconnect=self._reconnect)
-        self.barrier.checkin = self.side
+        # The product's own side (its check-in, turns and warnings), on the virtual clock
+        self.barrier = WatchedSide(self, Connection(sim, rank), rank, self.n, clock=sim.clock)
+        self.side = self.barrier.checkin
         self.verdicts: list[checkin.Verdict] = []
         self.process_index, self.num_processes = rank, self.n
         self.logger = self
         self.calls = 0
         self.at_site: dict[str, int] = {}  # site -> calls this rank made there (retired ones too)
-        self.word = False  # the main process's word read (`agree`)
+        self.number: dict[str, int] = {}  # call tag ("<site>/<k>") -> this rank's call number
         self.call_tag = ""
         self.in_turns = False  # inside a `go` call's handoff turns
         self.nested = False  # its handler made its in_order call already (`Script.nested_at`)
-
-    def _reconnect(self) -> Connection:
-        if self.rank in self.sim.script.reconnect_fails:
-            self.sim.gone.add(self.rank)
-            raise ConnectionError("connection refused")
-        return Connection(self.sim, self.rank)
 
     # accelerate's PartialState, the adapter and its logger -- as `BarrierSide.call` uses them
     def wait_for_everyone(self) -> None:
@@ -519,48 +508,26 @@ class Rank:
             outer, began = (self.call_tag, self.sim.current[self.rank]), self.sim.now
             self.call("H")
             self.call_tag, self.sim.current[self.rank] = outer
+            if self.rank in self.sim.failed:  # a failed connection stays failed: the outer call's turns too
+                self.sim.touched.add(outer[0])
             key = (self.rank, msg[1])  # the nested call is the outer call's handler time, checked on its own
             self.sim.handling[key] = self.sim.handling.get(key, 0.0) + self.sim.now - began
         self.sim.events.append(("emit", self.rank, msg, self.sim.now))
 
     def call(self, letter: str) -> None:
-        """One in_order call at site `letter`: the path the wrapper takes in barrier mode (the first call's mode
-        agreement, then `BarrierSide.call`), timed from its start to its return."""
+        """One in_order call at site `letter`: `BarrierSide.call`, timed from its start to its return."""
         self.calls += 1
         site = SITES[letter]
         name = checkin.site_name(site)
-        start, call = self.sim.now, self.calls
-        this = InOrderCall(
-            site, LogArgs(self, 20, (self.rank, call, letter), (), {}), Origin(self.rank, "host", False), T
-        )
-        if self.sim.script.agree and not self.word and not self.agree(T if call == 1 else 0.0):
-            self.call_tag = self.sim.current[self.rank] = f"{name}/at once"
-            emit_at_once(this)  # no word from the main process yet: logged at once, not numbered, as the session does
-            self.sim.events.append(("at once", self.rank, name, start, self.sim.now))
-            return
         self.at_site[name] = self.at_site.get(name, 0) + 1
         self.call_tag = self.sim.current[self.rank] = f"{name}/{self.at_site[name]}"
+        self.number[self.call_tag] = self.calls
         self.sim.made[(self.rank, name)] = self.at_site[name]
-        this.count = self.at_site[name]  # as the session numbers it: every call at the site is a barrier-mode one
-        self.barrier.call(this)
-        self.sim.events.append(("call", self.rank, self.call_tag, start, self.sim.now, call))
-
-    def agree(self, wait: float) -> bool:
-        """The first call's mode agreement, as `session.InOrderSession._word` makes it on this rank's store
-        connection: the main process publishes its word, every other rank waits for it up to `wait` (T at its
-        first call, none after one that missed it). A failure, or no word in time, logs the call at once (False)."""
-        start, word = self.sim.now, True
-        try:
-            if self.rank == 0:
-                self.side.store.set(WORD_KEY, "barrier session")
-            else:
-                word = wait_get(self.side.store, WORD_KEY, wait) is not None
-        except Exception:  # noqa: BLE001 -- the session says so once and logs the call at once
-            self.sim.events.append(("agreement failed", self.rank))
-            word = False
-        self.sim.events.append(("agree", self.rank, self.call_tag, start, self.sim.now))
-        self.word = word
-        return word
+        start, call, tag = self.sim.now, self.calls, self.call_tag
+        log = LogArgs(self, 20, (self.rank, call, letter), (), {})
+        number = self.at_site[name]  # as the session numbers it: every call at the site is a barrier-mode one
+        self.barrier.call(InOrderCall(site, log, Origin(self.rank, "host", False), T, number))
+        self.sim.events.append(("call", self.rank, tag, start, self.sim.now, call))
 
     def main(self) -> None:
         died = False
@@ -587,59 +554,37 @@ class WatchedSide(side.BarrierSide):
     def __init__(self, rank: Rank, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rank = rank
+        verdict, take, first_missing = self.checkin.verdict, self.turns.take, self.turns._first_missing
+        named_at: list[int] = [0]
 
-    def _check_in(self, call: InOrderCall, record: Any) -> tuple[checkin.Arrival, checkin.Verdict]:
-        rank = self.rank
-        # the call its record belongs to: rank 0's handler may have made a nested call before this check-in
-        start, number, tag = rank.sim.now, call.log.msg[1], rank.call_tag
-        arrival, verdict = super()._check_in(call, record)
-        rank.verdicts.append(verdict)
-        gone = rank.rank in rank.sim.gone  # it could not read the verdict: what it followed is its own
-        rank.sim.events.append(("verdict", rank.rank, tag, verdict, start, rank.sim.now, number, gone))
-        self.watch = (start, tag, number)
-        return arrival, verdict
+        def watched_verdict(call: checkin.Call, deadline: float, timeout: float) -> checkin.Verdict:
+            start, tag = rank.sim.now, call.marker
+            result = verdict(call, deadline, timeout)
+            rank.verdicts.append(result)
+            gone = result.why is checkin.Why.STORE  # it could not read the verdict: what it followed is its own
+            rank.sim.events.append(("verdict", rank.rank, tag, result, start, rank.sim.now, rank.number[tag], gone))
+            return result
 
-    def _take_turns(self, arrival: checkin.Arrival, record: Any) -> None:
-        start, tag, number = self.watch
-        Turns(self.rank, handoff.Handoff(self.checkin, arrival), start, tag, number).take_turns(record.emit)
+        def watched_first_missing(call: checkin.Call, ranks: range) -> Optional[int]:
+            missing = first_missing(call, ranks)
+            named_at[0] = rank.sim.tick  # the store operations run before this rank named one
+            return missing
 
+        def watched_take(call: checkin.Call, deadline: float, timeout: float, emit: Any) -> Optional[int]:
+            begin, tag, named = rank.sim.now, call.marker, None
+            named_at[0] = 0
+            rank.in_turns = True
+            try:
+                named = take(call, deadline, timeout, emit)
+            finally:
+                rank.in_turns = False
+                event = ("turns", rank.rank, tag, begin, rank.sim.now, named, deadline, rank.number[tag], named_at[0])
+                rank.sim.events.append(event)
+            return named
 
-class Turns:
-    """A `go` call's real `Handoff`, watched: how long its turns waited, whom they named, no collective."""
-
-    def __init__(self, rank: Rank, inner: handoff.Handoff, start: float, tag: str, call: int) -> None:
-        self.rank, self.inner, self.start, self.tag, self.call = rank, inner, start, tag, call
-        self.named_at = 0
-
-    def take_turns(self, emit: Any) -> None:
-        rank, sim = self.rank, self.rank.sim
-        self.inner.state = rank  # type: ignore[attr-defined]  # for the mutation that takes turns by barrier
-        give_up = self.inner._give_up
-
-        def named(missing: int) -> None:
-            self.named_at = sim.tick  # the store operations run before this rank named one
-            give_up(missing)
-
-        self.inner._give_up = named  # type: ignore[method-assign]
-        begin = sim.now
-        rank.in_turns = True
-        try:
-            self.inner.take_turns(emit)
-        finally:
-            rank.in_turns = False
-        sim.events.append(
-            (
-                "turns",
-                rank.rank,
-                self.tag,
-                begin,
-                sim.now,
-                self.inner.named,
-                self.start,
-                self.call,
-                self.named_at,
-            )
-        )
+        self.checkin.verdict = watched_verdict  # type: ignore[method-assign]
+        self.turns.take = watched_take  # type: ignore[method-assign]
+        self.turns._first_missing = watched_first_missing  # type: ignore[method-assign]
 
 
 # -- schedules ---------------------------------------------------------------------------------------
@@ -681,9 +626,6 @@ def draw(seed: int, extras: bool = True) -> Script:
             if rng.random() < 0.1:
                 script.disabled.add((r, call))
     if extras:
-        script.agree = random.Random(seed * 7 + 3).random() < 0.5  # the first call's mode agreement, in half
-        if script.agree:
-            script.notes.append("agree: the first call agrees on the mode")
         nesting = random.Random(seed * 13 + 5)
         if nesting.random() < 0.15:  # a handler that logs in_order, on every rank, at one call
             script.nested_at = nesting.randint(
@@ -738,7 +680,7 @@ def _extra_fault(seed: int, script: Script) -> None:
     if rng.random() >= 0.35:
         return
     collectives = any(a[0] == "collective" for actions in script.actions.values() for a in actions)
-    kind = rng.choice(["fail-applied", "reconnect-fails"] + ([] if collectives else ["die-applied"]))
+    kind = rng.choice(["fail-applied", "fail"] + ([] if collectives else ["die-applied"]))
     r = rng.randrange(script.n)
     if r in script.die_at or r in script.fail_at:
         return
@@ -750,8 +692,6 @@ def _extra_fault(seed: int, script: Script) -> None:
         script.fail_at[r] = rng.randint(1, 16)
         if kind == "fail-applied":
             script.applied.add(r)
-        else:
-            script.reconnect_fails.add(r)
     script.notes.append(f"{kind}: rank {r}")
 
 
@@ -766,7 +706,7 @@ def check(sim: Sim) -> list[str]:
     problems += _waits(sim)
     problems += _naming(sim)
     problems += _records(sim)
-    if [n for n in sim.script.notes if not n.startswith("agree")] == ["rank 0 makes a main-only call M each step"]:
+    if sim.script.notes == ["rank 0 makes a main-only call M each step"]:
         problems += [
             f"every rank made {e[2]}, yet it was skipped"
             for e in sim.events
@@ -785,7 +725,7 @@ def _verdicts(sim: Sim) -> list[str]:
         end -= sim.handling.get((rank, call), 0.0)  # a rank may take its turn in its check-in: not waiting
         if end - start > bounds.CHECK_IN.value * T + 1e-9:
             problems.append(f"rank {rank} waited {end - start:g} > T at {tag}")
-        key = "b/s/" + tag
+        key = "v/" + tag
         decided = sim.decided.get(key, math.inf)
         # its writer stopped before it woke the others; or junk stood there, and a failure or death in the call
         # took the rank that would have read it and woken them
@@ -814,15 +754,21 @@ def _waits(sim: Sim) -> list[str]:
             problems.append(f"rank {rank}'s call {tag} took {end - start - own:g} > {bounds.CALL.value:g} T")
     for r in range(script.n):
         slow = sum(seconds for (q, _), seconds in sim.handling.items() if q != r)  # others' handlers' own time
-        budget = bounds.DIVERGENCE.value * T * script.divergences + _ordinary_wait(script, r) + slow
+        per = bounds.DEATH.value if _deaths_only(script) else bounds.DIVERGENCE.value
+        budget = per * T * script.divergences + _ordinary_wait(script, r) + slow
         waited = sum(e[5] - e[4] for e in verdicts if e[1] == r) + sum(e[4] - e[3] for e in turns if e[1] == r)
-        waited += sum(e[4] - e[3] for e in sim.events if e[0] == "agree" and e[1] == r)
         waited -= sum(seconds for (q, _), seconds in sim.handling.items() if q == r)
         if waited > budget + 1e-9:
             problems.append(
                 f"rank {r} waited {waited:g} in calls, over {budget:g} for {script.divergences} divergence(s)"
             )
     return problems
+
+
+def _deaths_only(script: Script) -> bool:
+    """Whether every divergence of the script is a death (each then costs at most `bounds.DEATH`)."""
+    kinds = {note.partition(":")[0] for note in script.notes}
+    return bool(kinds) and kinds <= {"die", "die-applied", "die-in-turn"}
 
 
 def _ordinary_wait(script: Script, r: int) -> float:
@@ -844,30 +790,16 @@ def _naming(sim: Sim) -> list[str]:
     problems: list[str] = []
     excused = sim.dead | {q for q, _ in sim.handling} | sim.failed | sim.junked_handoff  # slow handlers, nested calls
     for e in (e for e in sim.events if e[0] == "turns"):
-        handed = sim.handed.get(f"b/h/{e[2]}/{e[5]}", math.inf)
+        handed = sim.handed.get(f"h/{e[2]}/{e[5]}", math.inf)
         if e[5] is not None and e[5] not in excused and handed <= e[8]:
             problems.append(f"rank {e[1]} named rank {e[5]} at {e[2]}, which had handed over before")
-        before = [p for p in range(1, e[5] or 0) if sim.handed.get(f"b/h/{e[2]}/{p}", math.inf) > e[8]]
+        first = e[1] + 1 if (e[5] or 0) > e[1] else 0  # past its own turn: the ranks after it only
+        before = [p for p in range(first, e[5] or 0) if sim.handed.get(f"h/{e[2]}/{p}", math.inf) > e[8]]
         if set(before) - sim.junked_handoff - sim.failed:
             problems.append(
                 f"rank {e[1]} named rank {e[5]} at {e[2]}, but rank(s) {before} had not handed over either"
             )
     return problems
-
-
-def _never_back(sim: Sim) -> int:
-    """Handoff keys of ranks that never came back to a site after its skip: a rank deletes its key of call k-2
-    at its check-in of call k, so one that stopped calling there before the skip keeps one key more."""
-    extra = 0
-    for name in {key.split("/")[2] for key in sim.first}:
-        skips = [
-            int(key.rpartition("/")[2])
-            for key, blob in sim.first.items()
-            if key.split("/")[2] == name and blob != checkin.GO
-        ]
-        if skips:
-            extra += sum(1 for r in range(1, sim.script.n) if sim.made.get((r, name), 0) < min(skips))
-    return extra
 
 
 def _store(sim: Sim) -> list[str]:
@@ -879,8 +811,7 @@ def _store(sim: Sim) -> list[str]:
     # a failure strikes before deletions of its call (the verdict before, its key of call k-2) and the next call
     # there gives up at its first operation, before its own (its key of call k-1); a death stops the first two
     undone = UNDONE_BY_FAILURE * len(sim.failed) + UNDONE_BY_DEATH * len(sim.dead - sim.failed)
-    bound = bounds.store_keys(script.n, len(used)) + junk + undone + _never_back(sim)
-    bound += WORD_KEY in sim.data  # the main process's word, once per session
+    bound = bounds.store_keys(script.n, len(used)) + junk + undone
     if len(sim.data) > bound:
         return [f"{len(sim.data)} keys left in the store (bound {bound}, {len(used)} site(s)): {sorted(sim.data)}"]
     return []
@@ -901,9 +832,7 @@ def _records(sim: Sim) -> list[str]:
                 problems.append(f"rank {r}'s record of its call {call} emitted {count} times")
     gone = {e[2] for e in sim.events if e[0] == "verdict" and e[3].go}
     broken = {e[2] for e in sim.events if e[0] == "turns" and e[5] is not None}  # a rank named: order as it can
-    broken |= {
-        e[1][len("b/h/") :].rpartition("/")[0] for e in sim.events if e[0] == "junk" and e[1].startswith("b/h/")
-    }
+    broken |= {e[1][len("h/") :].rpartition("/")[0] for e in sim.events if e[0] == "junk" and e[1].startswith("h/")}
     calls = {tag: {(e[1], e[6]) for e in sim.events if e[0] == "verdict" and e[2] == tag} for tag in gone}
     # records of go calls that held (a skipped call's come out at once; a broken one's as they can; one a failure
     # or death struck lets its rank leave before the others' records, which then come out after its next ones)
@@ -928,58 +857,76 @@ def _records(sim: Sim) -> list[str]:
 # -- mutations: the protocol broken on purpose; each must be caught by some invariant ------------------
 
 
-def _set_not_compare_set(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, later: Any = None) -> bytes:
+def _set_not_compare_set(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
     self.store.set(call.key, verdict)  # the last writer wins: ranks that read before it may disagree
     return verdict
 
 
-def _no_halfway(self: checkin.CheckIn, call: checkin.Call) -> None:
-    return None
+def _no_cycle(self: checkin.CheckIn, call: checkin.Call, markers: Any, missing: Any) -> bool:
+    return False  # both calls of a wait-for cycle time out: the every-rank one is given up too
 
 
-def _no_absent(self: checkin.CheckIn, call: checkin.Call) -> dict[int, str]:
+def _tie_to_the_highest(ours: Any, other: Any, history: Any, tie: tuple[int, int, bool]) -> bool:
+    here, there, rank0_here = tie
+    return here < there or (here == there and not rank0_here)
+
+
+def _no_absent(self: checkin.Absence, markers: Any, here: str) -> dict[int, str]:
     return {}
 
 
-def _tie_to_the_highest(
-    self: checkin.CheckIn, ours: checkin.Call, here: set[int], other: checkin.Call, there: set[int]
-) -> checkin.Call:
-    return ours if (len(here), -max(here)) <= (len(there), -max(there)) else other
+class _Forgetful(set):  # type: ignore[type-arg]
+    def add(self, item: Any) -> None:
+        pass
 
 
-def _delete_own_verdict(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, later: Any = None) -> bytes:
-    blob = bytes(self.store.compare_set(call.key, "", verdict))
-    self.store.delete_key(call.key)  # too early: a late rank re-creates the call and waits a whole timeout
-    return blob
+_INIT = checkin.CheckIn.__init__
 
 
-_RECEIVE = handoff.Handoff._receive
+def _no_retire(self: checkin.CheckIn, *args: Any, **kwargs: Any) -> None:
+    _INIT(self, *args, **kwargs)
+    self.retired = _Forgetful()
 
 
-def _no_handoff_wait(self: handoff.Handoff, m: int) -> None:
-    if m == self.last and self.rank < self.last:  # only the wait for the last rank's handoff
-        _RECEIVE(self, m)
+def _keep_old_verdicts(self: checkin.CheckIn, call: checkin.Call) -> None:
+    pass
 
 
-def _no_final_wait(self: handoff.Handoff, m: int) -> None:
-    if m != self.last:  # only the wait for the rank before
-        _RECEIVE(self, m)
+_TAKE = handoff.Turns.take
 
 
-def _forget_one_call_back(self: checkin.CheckIn, call: checkin.Call) -> None:
-    if self.rank > 0 and call.k > 1:  # too early: the last rank's key of call k-1 may still be waited for
-        self.store.delete_key(checkin.Call(call.site, call.k - 1).handoff(self.rank))
+def _turns(wait_before: bool = True, wait_last: bool = True, forget: int = 1) -> Any:
+    """`handoff.Turns.take` with one of its steps taken out or moved."""
+
+    def take(self: handoff.Turns, call: checkin.Call, deadline: float, timeout: float, emit: Any) -> Optional[int]:
+        store, until = self.checkin.store, max(deadline, self.checkin.clock() + timeout * handoff.LATE_WAIT)
+        if wait_before and self.rank > 0:
+            self.checkin.wait_for(call.handoff(self.rank - 1), until)
+        emit()
+        store.set(call.handoff(self.rank), handoff.HANDED)
+        if forget == 0:
+            store.delete_key(call.handoff(self.rank))
+        if wait_last and self.rank < self.last:
+            self.checkin.wait_for(call.handoff(self.last), until)
+        if call.k > forget:
+            store.delete_key(checkin.Call(call.site, call.k - forget).handoff(self.rank))
+        return None
+
+    return take
 
 
-def _name_the_one_before(self: handoff.Handoff, m: int) -> int:
-    return m  # whoever was waited for (even if it handed over just now), not the first rank whose handoff is missing
+def _name_the_one_before(self: handoff.Turns, call: checkin.Call, ranks: range) -> Optional[int]:
+    return ranks[-1]
 
 
-def _no_skip_wake(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, later: Any = None) -> bytes:
-    blob = bytes(self.store.compare_set(call.key, "", verdict))  # the skip is not written to the handoff keys
-    if blob == verdict and call.k > 1:
-        self.store.delete_key(checkin.Call(call.site, call.k - 1).key)
-    return blob
+def _emit_twice(call: InOrderCall) -> None:
+    turns.emit_at_once(call)
+    turns.emit_at_once(call)
+
+
+def _wait_without_deadline(self: checkin.CheckIn, key: str, deadline: float) -> bool:
+    self.store.wait([key], datetime.timedelta(seconds=CONNECTION_TIMEOUT * 4))
+    return True
 
 
 def _peek_after_timeout(self: checkin.CheckIn, key: str, deadline: float) -> bool:
@@ -993,104 +940,43 @@ def _peek_after_timeout(self: checkin.CheckIn, key: str, deadline: float) -> boo
     return checkin.peek(self.store, key) is not None  # wakes the key's other waiters, though it is not there
 
 
-def _turn_before_wake(self: side.BarrierSide, call: InOrderCall, record: Any) -> Any:
-    if self.checkin.rank > 0:  # the turn taken before the check-in's wait, not on its wake
-        record.emit()
-        key = checkin.Call(checkin.site_name(call.site), call.count).handoff(self.checkin.rank)
-        self.checkin.store.set(key, checkin.HANDED)
-    arrival = self.checkin.arrive(call.site, call.count, call.timeout)
-    return arrival, self.checkin.settle(arrival)
-
-
-def _turns_by_barrier(self: handoff.Handoff, emit: Any) -> None:
-    rank = self.side.rank
-    for turn in range(1, self.last + 1):
-        self.state.wait_for_everyone()  # type: ignore[attr-defined]  # the explorer's rank (`Turns`)
-        if turn == rank:
-            emit()
-
-
-def _named_not_absent(self: checkin.CheckIn, rank: int, deadline: float) -> None:
-    return None  # a rank named for not handing over is waited for again at the next call: a death costs 2.5 T
-
-
-def _failed_rank_goes_alone(self: checkin.CheckIn, call: checkin.Call) -> checkin.Verdict:
-    return checkin.Verdict(False, checkin.Why.STORE, self.rank)  # no reconnect: it skips while the others may go
-
-
-_DECIDE = checkin.CheckIn._decide
-
-
-def _keep_old_verdicts(self: checkin.CheckIn, call: checkin.Call, verdict: bytes, later: Any = None) -> bytes:
-    return _DECIDE(self, checkin.Call(call.site, 1), verdict) if call.k == 1 else _decide_keeping(self, call, verdict)
-
-
-def _decide_keeping(self: checkin.CheckIn, call: checkin.Call, verdict: bytes) -> bytes:
-    blob = bytes(self.store.compare_set(call.key, "", verdict))  # the verdict of call k-1 is never deleted
-    if blob == verdict and verdict != checkin.GO:
-        for q in range(1, self.world_size):
-            self.store.set(call.handoff(q), checkin.SKIPPED)
-    return blob
-
-
-_EMIT = turns.EmitOnce.emit
-
-
-def _emit_every_time(self: turns.EmitOnce) -> None:
-    self.out = False  # no "once": a turn taken on the wake and again after the check-in emits twice
-    _EMIT(self)
-
-
-def _wait_without_deadline(self: checkin.CheckIn, key: str, deadline: float) -> bool:
-    self.store.wait([key], datetime.timedelta(days=1))  # a wait nothing bounds: a missing rank hangs the call
-    return True
-
-
 MUTATIONS: dict[str, tuple[str, Any]] = {
-    "emit-every-time": ("RECORD", _emit_every_time),
-    "wait-without-deadline": ("wait_for", _wait_without_deadline),
-    "named-not-absent": ("named", _named_not_absent),
-    "failed-rank-goes-alone": ("_after_failure", _failed_rank_goes_alone),
-    "keep-old-verdicts": ("_decide", _keep_old_verdicts),
-    "grace-a-whole-timeout": ("LATE_WAIT", 1.0),
     "set-not-compare-set": ("_decide", _set_not_compare_set),
-    "no-halfway": ("_halfway", _no_halfway),
-    "no-absent": ("_absent", _no_absent),
-    "tie-to-the-highest-rank": ("_first", _tie_to_the_highest),
-    "delete-own-verdict": ("_decide", _delete_own_verdict),
-    "no-retire": ("RETIRE", None),
-    "no-handoff-wait": ("handoff:_receive", _no_handoff_wait),
-    "no-final-wait": ("handoff:_receive", _no_final_wait),
-    "forget-one-call-back": ("_forget_handoff", _forget_one_call_back),
+    "no-cycle-rule": ("_won_cycle", _no_cycle),
+    "tie-to-the-highest-rank": ("GIVES_UP", _tie_to_the_highest),
+    "no-absent": ("absence:still", _no_absent),
+    "absence-budget-three-quarters": ("ABSENCE_BUDGET", 0.75),
+    "no-retire": ("__init__", _no_retire),
+    "keep-old-verdicts": ("forget", _keep_old_verdicts),
+    "no-handoff-wait": ("handoff:take", _turns(wait_before=False)),
+    "no-final-wait": ("handoff:take", _turns(wait_last=False)),
+    "forget-own-handoff-at-once": ("handoff:take", _turns(forget=0)),
     "name-the-one-before": ("handoff:_first_missing", _name_the_one_before),
-    "no-skip-wake": ("_decide", _no_skip_wake),
-    "turns-by-barrier": ("handoff:take_turns", _turns_by_barrier),
+    "emit-twice": ("side:emit_at_once", _emit_twice),
+    "wait-without-deadline": ("wait_for", _wait_without_deadline),
     "peek-after-timeout": ("wait_for", _peek_after_timeout),
-    "turn-before-wake": ("side:_check_in", _turn_before_wake),
     "wall-clock": ("WALL", None),
 }
 
 
 def mutated(name: str) -> Any:
-    """A context in which `checkin.CheckIn` (or, "handoff:...", `handoff.Handoff`; "side:...",
-    `side.BarrierSide`) carries mutation `name`."""
+    """A context in which `checkin.CheckIn` (or "handoff:..." `handoff.Turns`, "absence:..." `checkin.Absence`,
+    "side:..." a name in `side`; a constant by its name) carries mutation `name`."""
     import contextlib
     from unittest import mock
 
     attribute, replacement = MUTATIONS[name]
-    if attribute == "RETIRE":
-        return mock.patch.object(checkin._SiteState, "retired", property(lambda self: False, lambda self, v: None))
+    owner, _, attribute = attribute.rpartition(":")
     if attribute == "WALL":
         return contextlib.nullcontext()
-    if attribute == "RECORD":
-        return mock.patch.object(turns.EmitOnce, "emit", replacement)
-    if attribute == "LATE_WAIT":  # a rank past a break waits a whole timeout more, not a quarter
-        return mock.patch.object(handoff, "LATE_WAIT", replacement)
-    if attribute.startswith("side:"):
-        return mock.patch.object(side.BarrierSide, attribute.partition(":")[2], replacement)
-    if attribute.startswith("handoff:"):
-        return mock.patch.object(handoff.Handoff, attribute.partition(":")[2], replacement)
-    return mock.patch.object(checkin.CheckIn, attribute, replacement)
+    if attribute == "GIVES_UP":
+        return mock.patch.object(checkin, "gives_up", replacement)
+    if attribute == "ABSENCE_BUDGET":
+        return mock.patch.object(checkin, attribute, replacement)
+    if attribute == "LATE_WAIT":
+        return mock.patch.object(handoff, attribute, replacement)
+    target = {"handoff": handoff.Turns, "absence": checkin.Absence, "side": side, "": checkin.CheckIn}[owner]
+    return mock.patch.object(target, attribute, replacement)
 
 
 def explore(seed: int, wall_clock: bool = False) -> tuple[Sim, list[str]]:
@@ -1100,8 +986,6 @@ def explore(seed: int, wall_clock: bool = False) -> tuple[Sim, list[str]]:
 def run(script: Script, seed: int = 0, wall_clock: bool = False) -> tuple[Sim, list[str]]:
     """Run `script` on the schedule `seed` picks; the finished simulation and its invariant violations."""
     sim = Sim(seed, script, wall_clock)
-    if script.agree:  # the main process's word, written when its process group started (`session.watch_start`)
-        sim.data[WORD_KEY] = b"barrier session"
     ranks = {r: Rank(sim, r) for r in range(script.n)}
     sim.run({r: ranks[r].main for r in ranks})
     return sim, check(sim)

@@ -15,13 +15,13 @@ T = 0.2
 
 
 def alone(store):
-    """Rank 0 of 2 checks in at SITE; the store is its own reconnection too (a failed read retries on it)."""
-    return checkin.CheckIn(store, 0, 2, reconnect=lambda: store)
+    """Rank 0 of 2 checks in at SITE."""
+    return checkin.CheckIn(store, 0, 2)
 
 
 def first_verdict(side):
-    """The verdict of the side's first call at SITE (rank 0 takes no turn in its check-in)."""
-    return side.settle(side.arrive(SITE, 1, T))
+    """The verdict of the side's first call at SITE."""
+    return side.verdict(checkin.Call(checkin.site_name(SITE), 1), side.clock() + T, T)
 
 
 def test_a_forged_deeply_nested_verdict_is_a_damaged_skip_not_a_recursion_error():
@@ -34,18 +34,17 @@ def test_a_forged_deeply_nested_verdict_is_a_damaged_skip_not_a_recursion_error(
 
 
 def test_a_call_number_in_non_ascii_digits_is_no_call():
-    assert checkin.Call.parse("train.py:3:f/²".encode()) is None  # f0a0bfc: ValueError from int('²')
-    assert checkin.Call.parse(b"train.py:3:f/12") == checkin.Call("train.py:3:f", 12)
+    assert checkin.Call.parse("train.py:3:f/²") is None  # f0a0bfc: ValueError from int('²')
+    assert checkin.Call.parse("train.py:3:f/12") == checkin.Call("train.py:3:f", 12)
 
 
 def test_a_marker_in_non_ascii_digits_leaves_the_wait_and_its_timeout_alone():
-    """Rank 1's marker names a call '²' at another site: halfway, rank 0 looks at it for a wait-for cycle,
-    finds no call, and gives its own up at the timeout, naming rank 1 (f0a0bfc: a "store" skip, from the
+    """Rank 1's marker names a call '²' at another site: at its deadline rank 0 looks at it for a wait-for
+    cycle, finds no call, and gives its own up, naming rank 1 (f0a0bfc: a "store" skip, from the
     ValueError, which named nobody)."""
     store = InMemoryStore()
     store.set(checkin.MARK + "1", "other.py:3:f/²".encode())
-    store.set("b/s/other.py:3:f/n", "²".encode())
+    store.set("c/other.py:3:f", "²".encode())
     side = alone(store)
     verdict = first_verdict(side)
     assert (verdict.go, verdict.why, sorted(verdict.missing)) == (False, "timeout", [1])
-    assert side._count(checkin.Call("other.py:3:f", 1)) == -1  # a counter in such digits is no count

@@ -176,10 +176,10 @@ def test_no_page_says_a_go_calls_wait_for_everyone():
 
 
 def _table_number(name, bound):
-    """How promises.md writes `bound`'s number: `1.5 T`, `2N + 1 keys`, `1 key`, `1 abort`."""
+    """How promises.md writes `bound`'s number: `1.5 T`, `N + 3 keys`, `1 key`, `1 abort`."""
     if name == "KEYS_PER_SITE":
-        assert all(bounds.keys_per_site(n) == bound.value * n + 1 for n in (1, 2, 64))
-        return f"{bound.value:g}N + 1 keys"
+        assert bound.value == 1 and all(bounds.keys_per_site(n) == n + 3 for n in (1, 2, 64))
+        return "N + 3 keys"
     if bound.unit == "T":
         return f"{bound.value:g} T"
     return f"{bound.value:g} {bound.unit.rstrip('s') if bound.value == 1 else bound.unit}"
@@ -307,7 +307,7 @@ def _statements(text):
 @pytest.mark.parametrize(
     ("clause", "promise", "stated", "right"),
     [
-        ("so a call that some ranks skip costs at most 1.5 timeouts in all", "divergence", 1.5, True),
+        ("so a call that some ranks skip costs at most 2 timeouts in all", "divergence", 2, True),
         ("a call some ranks skip costs at most one timeout and is named", "divergence", 1.0, False),  # status, before
         (
             "A call that some ranks do not make costs at most one `ACCELERATE_INORDER_TIMEOUT` per call site",
@@ -321,10 +321,10 @@ def _statements(text):
             1.0,
             False,
         ),
-        ("so a death costs each rank 1.5 T in all (before: T, then T at the next call)", "death", 1.5, True),
-        ("a main-only call before an every-rank call costs half a timeout, once", "main_only", 0.5, True),
-        ("a main-only call before an every-rank call costs one timeout, once", "main_only", 1.0, False),
-        ("A call waits at most 1.5 T", "call", 1.5, True),
+        ("so a death costs each rank 1.75 T in all (before: T, then T at the next call)", "death", 1.75, True),
+        ("a main-only call before an every-rank call costs half a timeout, once", "main_only", 0.5, False),
+        ("a main-only call before an every-rank call costs one timeout, once", "main_only", 1.0, True),
+        ("A call waits at most 2.75 T", "call", 2.75, True),
         ("A call waits at most T", "call", 1.0, False),
         (
             "a rank that comes to a call after its verdict was written costs it 0 T in all",
@@ -361,8 +361,8 @@ def test_the_bound_detector_ignores_what_is_not_a_promise(clause):
 @pytest.mark.parametrize(
     ("clause", "right"),
     [
-        ("a late last arrival at a call given up leaves 2N + 1 keys", True),
-        ("a late last arrival at a call given up, 2N + 1 keys (2N + 2)", True),  # what it left before
+        ("a late last arrival at a call given up leaves N + 3 keys", True),
+        ("a late last arrival at a call given up, N + 3 keys (2N + 2)", True),  # what it left before
         ("a late last arrival at a call given up leaves 2N + 2 keys", False),
     ],
 )
@@ -471,7 +471,7 @@ def test_every_file_a_test_docstring_names_exists():
     "span,wrong",
     [
         ("handoff.no_such_function_here", True),
-        ("handoff.Handoff", False),
+        ("handoff.Turns", False),
         ("store/teardown.py", False),
         ("store/no_such_module.py", True),
         ("transport.Cleaner", True),
@@ -496,7 +496,7 @@ def test_the_name_checker_tells_a_name_that_exists_from_one_that_does_not(span, 
 
 def test_the_name_checker_fails_a_docstring_that_names_a_missing_function(tmp_path):
     module = tmp_path / "stale.py"
-    module.write_text('"""The turns go through `handoff.no_such_function_here`, then `handoff.Handoff`."""\n')
+    module.write_text('"""The turns go through `handoff.no_such_function_here`, then `handoff.Turns`."""\n')
     index = doc_names.Index()
     found = [span for text in doc_names.docstrings(module) for span in doc_names.spans(text) if index.problem(span)]
     assert found == ["handoff.no_such_function_here"]

@@ -54,18 +54,34 @@ def checkin():
     return testing.side().checkin
 
 
+class SiteState:
+    """What the check-in knows of one site: its name in the store, its calls there, whether it is retired."""
+
+    def __init__(self, name, count, retired):
+        self.name, self.count, self.retired = name, count, retired
+
+
+def sites():
+    """{(file, function, line): SiteState} of this process's check-in (its history and retired sites)."""
+    side, found = checkin(), {}
+    for name, (count, _, _) in side.history.items():
+        filename, line, function = name.rsplit(":", 2)
+        found[(filename, function, int(line))] = SiteState(name, count, name in side.retired)
+    return found
+
+
 def site_of(function):
     """This process's site state for the in_order call inside `function` (by the function's name)."""
-    return next(s for site, s in checkin().sites.items() if site[1] == function.__name__)
+    return next(s for site, s in sites().items() if site[1] == function.__name__)
 
 
 def site_keys(r, function):
-    """How many of the site's keys the store holds: its counter, verdicts and handoff keys (the bound: 2N + 1)."""
+    """How many of the site's keys the store holds: its counter, verdicts and handoff keys (the bound: N + 3)."""
     from accelerate_inorder_fix.barrier.checkin import Call
 
     state = site_of(function)
     calls = [Call(state.name, k) for k in range(1, state.count + 1)]
-    keys = [calls[0].counter] + [c.key for c in calls] + [c.handoff(q) for c in calls for q in range(1, r.size)]
+    keys = [calls[0].counter] + [c.key for c in calls] + [c.handoff(q) for c in calls for q in range(r.size)]
     store = checkin().store
     return sum(bool(store.check([key])) for key in keys)
 
@@ -114,7 +130,7 @@ def first_step_skip(r):
             r.all_reduce_sum()
 
     timed(r, "first_step_skip", loop)
-    state = checkin().sites
+    state = sites()
     r.result(
         "first_step_skip",
         "retired",
@@ -194,7 +210,7 @@ def twins(r):
             r.all_reduce_sum()
 
     timed(r, "twins", loop)
-    r.result("twins", "sites", sorted(site[0] for site in checkin().sites if site[1] == "step"))
+    r.result("twins", "sites", sorted(site[0] for site in sites() if site[1] == "step"))
 
 
 # -- cases that kill ranks ---------------------------------------------------------------------------
@@ -247,8 +263,8 @@ def _stall(r, case, after_marker):
     r.all_reduce_sum()
     if r.index == 0:
         side, state = checkin(), site_of(stalled_call)
-        marker = f"{state.name}/3".encode() if after_marker else None
-        side.store = StopAfter(side.store, f"b/s/{state.name}/n", 3 * r.size, marker)
+        marker = f"{state.name}/3" if after_marker else None
+        side.store = StopAfter(side.store, f"c/{state.name}", 3 * r.size, marker)
         time.sleep(0.3)  # rank 1 first: rank 0 is the last arrival
     start = time.monotonic()
     for call in (3, 4):
