@@ -348,14 +348,7 @@ class InOrderSession:
                             f"gather mode needs a torch.distributed c10d store ({self._store_reason}); using barrier mode"
                         )
                     else:
-                        self._gather = GatherSide(
-                            self._store,
-                            state.process_index,
-                            state.num_processes,
-                            settings.timeout(),
-                            self.origin(state),
-                            self._reconnect,
-                        )
+                        self._gather = GatherSide(self._store, state.process_index, state.num_processes)
                     self._gather_tried = True
         return self._gather
 
@@ -369,9 +362,8 @@ class InOrderSession:
         (`store.writer`). Each wait is bounded by the store connection's timeout; the session itself
         stays usable (a later gather-mode post is delivered, not cleaned up).
         """
-        with self.lock:  # no in_order call meanwhile: nothing new is handed to a thread
-            if self._gather is not None:
-                self._gather.release(SETTINGS.timeout() + 5.0)
+        with self.lock:  # gather mode runs no thread of its own any more
+            return
 
     def close(self) -> None:
         """At exit. Main process: emit what was delivered, seal the queues. Every rank: stop our threads, drop our store.

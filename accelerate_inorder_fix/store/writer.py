@@ -1,7 +1,7 @@
 """The one background store writer: work that must not sit on a logging call's path, on a thread.
 
 Deleting what the main process has read costs a store round trip per record; done inside a post,
-the post that cleans up (one in `queues.CLEAN_EVERY`) would take many times as long as the others. So such work is handed
+the post that cleans up (one in 32, as gather mode's queues once did) would take many times as long as the others. So such work is handed
 to a daemon thread, which runs it on a store connection of its own (`connection.own_connection`).
 
 `stop` ends the thread for good and joins it. The session calls it before the process group is

@@ -63,8 +63,7 @@ def test_the_in_memory_stores_timeout_is_one_and_other_errors_are_not():
 
 
 def test_the_waits_read_a_timeout_as_not_yet_and_raise_a_failure():
-    inbox = queues.StoreInbox(testing.InMemoryStore(), 2, queues.PUBLISH_EVERY)
-    assert inbox.wait([1], 0.01) is False
+    assert queues.wait(testing.InMemoryStore(), ["q/1/0"], 0.01) is False
     assert mode.read_mode(testing.InMemoryStore(), 0.01) is None
 
     class Gone(testing.InMemoryStore):
@@ -72,6 +71,6 @@ def test_the_waits_read_a_timeout_as_not_yet_and_raise_a_failure():
             raise dist.DistNetworkError("Connection was likely closed")
 
     with pytest.raises(dist.DistNetworkError):
-        queues.StoreInbox(Gone(), 2, queues.PUBLISH_EVERY).wait([1], 0.01)
+        queues.wait(Gone(), ["q/1/0"], 0.01)
     with pytest.raises(dist.DistNetworkError):
         mode.read_mode(Gone(), 0.01)
