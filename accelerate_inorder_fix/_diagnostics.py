@@ -18,6 +18,7 @@ Several threads may report the same problem at once; the lock keeps it one line.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -121,13 +122,14 @@ class Diagnostics:
             if seen in self._said:
                 return False
             self._said.add(seen)
+            text += self._take_held()
         return _write(text)
 
     def warn_every(self, said: Said) -> bool:
         """Write `said` as one stderr line each time, at most `BURST` a `WINDOW`; True when written.
 
-        Lines past the burst are counted, not written; the next line written says how many there were,
-        and the burst's last line says that more will be counted.
+        Each line past the burst is counted, not written: the count is said on the next line written
+        (by either method) and at exit (`say_held`). The burst's last line says that more will be counted.
         """
         text, now = text_of(said), time.monotonic()
         with self._lock:
@@ -137,13 +139,22 @@ class Diagnostics:
                 self._held += 1
                 return False
             self._written += 1
-            held, self._held = self._held, 0
-            last = self._written == BURST
-        if held:
-            text += f" (and {held} earlier warning(s) not written: over {BURST} lines in {WINDOW:g} s)"
-        if last:
-            text += f" (further warnings within {WINDOW:g} s are counted, not written)"
+            text += self._take_held()
+            if self._written == BURST:
+                text += f" (further warnings within {WINDOW:g} s are counted, not written)"
         return _write(text)
+
+    def _take_held(self) -> str:
+        """The note on the count of lines not written since the last one written ("" if none); under the lock."""
+        held, self._held = self._held, 0
+        return f" (and {held} earlier warning(s) not written: over {BURST} lines in {WINDOW:g} s)" if held else ""
+
+    def say_held(self) -> None:
+        """At exit: say how many warnings were counted and not written since the last line, if any."""
+        with self._lock:
+            held, self._held = self._held, 0
+        if held:
+            _write(f"{held} more warning(s) were counted and not written (over {BURST} lines in {WINDOW:g} s)")
 
     def after_fork_in_child(self) -> None:
         """A lock of the child's own: a parent's thread may have held this one when it forked."""
@@ -171,6 +182,7 @@ def _write(text: str) -> bool:
 
 DIAGNOSTICS = Diagnostics()
 os.register_at_fork(after_in_child=DIAGNOSTICS.after_fork_in_child)
+atexit.register(DIAGNOSTICS.say_held)
 
 
 def warn_once(said: Said, key: Optional[Hashable] = None) -> bool:

@@ -42,9 +42,18 @@ GATHER_POST = Bound(
 GATHER_QUEUE = Bound(
     64.0, "keys", "gather mode: records a rank holds in the store, read or not; past them its post waits"
 )
-GATHER_FULL = Bound(1.0, "T", "gather mode: a rank's posts wait at most T in all for the main process to read")
+GATHER_FULL = Bound(
+    1.0,
+    "T",
+    "gather mode: a rank holding GATHER_QUEUE records waits at most T for the main process to read, once a stall; "
+    "then it prints its records itself until the main process reads again",
+)
 GATHER_MAIN_ONLY = Bound(1.0, "T", "gather mode: a main-only call costs the main process one timeout per site, in all")
-GATHER_DEATH = Bound(1.25, "T", "gather mode: a dead rank costs the main process at most 1.25 T in all")
+GATHER_DEATH = Bound(
+    1.25,
+    "T",
+    "gather mode: a quiet (stopped or dead) rank costs the main process at most 1.25 T in all, until it is on time again",
+)
 EXIT_ABORTS = Bound(1.0, "aborts", "at exit, each mode aborts at most once more than upstream in the same runs")
 
 ALL: dict[str, Bound] = {name.lower(): value for name, value in list(globals().items()) if isinstance(value, Bound)}

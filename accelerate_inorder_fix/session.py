@@ -30,7 +30,7 @@ from .barrier.turns import PlainBarriers
 from .config import COLLAPSE_ENV, MODE_ENV, SETTINGS, TIMEOUT_ENV, Settings, spans_hosts
 from .gather.side import GatherSide
 from .store import connection, teardown
-from .store.connection import Connection, Store
+from .store.connection import Connection
 from .store.hooks import TorchHook
 
 
@@ -133,7 +133,7 @@ class InOrderSession:
         self._main = state.is_main_process
         rank, world_size = state.process_index, state.num_processes
         if mode == "gather":
-            self._side = _Gather(self._store, rank, world_size, settings.timeout(), self.origin(state))
+            self._side = GatherSide(self._store, rank, world_size)
         else:
             self._side = BarrierSide(self._store, rank, world_size)
             if settings.collapse():
@@ -246,24 +246,6 @@ class InOrderSession:
         teardown.HOOK.forget(self.end)
         STARTED.forget(self.started)
         self.__init__(self._open_store, self._default_group)  # type: ignore[misc]
-
-
-class _Gather:
-    """`GatherSide` as the seam has it (built from the store, rank and size), its calls one at a time:
-    nobody waits on a gather call of this process, so a lock held across one stalls no other rank."""
-
-    def __init__(self, store: Store, rank: int, world_size: int, timeout: float, origin: Origin) -> None:
-        self.side = GatherSide(store, rank, world_size, timeout, origin)
-        self.lock, self.timeout = threading.Lock(), timeout
-
-    def call(self, call: InOrderCall) -> None:
-        with self.lock:
-            self.side.call(call)
-
-    def close(self) -> None:
-        with self.lock:
-            self.side.release(self.timeout + 5.0)
-            self.side.close()
 
 
 SESSION = InOrderSession()

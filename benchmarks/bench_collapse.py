@@ -52,7 +52,7 @@ def _batch(main: _collector.Collector, ranks: int, blocks: int, collapse: bool) 
 
 def measure(ranks: int, pairs: int, records: int) -> dict[str, float]:
     """Median CPU ms per block, off and on, and the median on / off ratio of `pairs` paired batches."""
-    main = _collector.Collector(None, ranks, 30.0, print)  # type: ignore[arg-type]  # prints only: no source
+    main = _collector.Collector(None, ranks)  # type: ignore[arg-type]  # prints only: no queues
     blocks = max(2, records // ranks)
     off: list[float] = []
     on: list[float] = []

@@ -68,7 +68,7 @@ def _pickle_from_bytes(payload: bytes) -> tuple:
 
 CODECS: dict[str, tuple[Callable, Callable]] = {
     "pickle": (_pickle_to_bytes, _pickle_from_bytes),
-    "json": (records.to_bytes, records.from_bytes),
+    "json": (lambda identity, record: records.encode(identity, record)[0], lambda payload: records.decode(payload, 0)),
 }
 
 
@@ -105,6 +105,7 @@ def _make(kind: str) -> logging.LogRecord:
             raise ValueError(f"unknown record kind {kind!r}")
     finally:
         logger.removeFilter(keep)
+    kept[0].rank, kept[0].hostname = 0, "node-a"  # as a rank's record is stamped (`_origin.Origin.stamp`)
     return kept[0]
 
 

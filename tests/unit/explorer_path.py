@@ -577,7 +577,7 @@ def run(path: PathScript, seed: int = 0) -> tuple[PathSim, list[str]]:
         stack.enter_context(mock.patch.object(session_module, "warn_once", warn))
         stack.enter_context(mock.patch.object(gather_side, "warn_once", warn))
         stack.enter_context(mock.patch.object(gather_side, "warn_every", warn))
-        stack.enter_context(mock.patch.object(gather_side.connection, "own_connection", lambda timeout: None))
+        stack.enter_context(mock.patch.object(collector_module, "warn_every", warn))
         stack.enter_context(mock.patch.object(session_module.atexit, "register", lambda f: f))
         stack.enter_context(mock.patch.object(session_module.teardown, "on_destroy", lambda f: f))
         if path.start_word:
@@ -728,9 +728,9 @@ def _one_sided_switch_taken(
 _EMIT_BLOCK = collector_module.Collector._emit_block
 
 
-def _emit_reversed(self: collector_module.Collector, block: dict[int, Any]) -> None:
+def _emit_reversed(self: collector_module.Collector, block: dict[int, Any], identity: Any) -> None:
     for rank in sorted(block, reverse=True):
-        _EMIT_BLOCK(self, {rank: block[rank]})
+        _EMIT_BLOCK(self, {rank: block[rank]}, identity)
 
 
 _READ_MODE = mode.read_mode
@@ -745,10 +745,10 @@ MUTATIONS: dict[str, tuple[Any, str, Any]] = {
     "child-keeps-parent-lock": (session_module.InOrderSession, "after_fork_in_child", _child_keeps_lock),
     "child-is-a-rank": (session_module.InOrderSession, "after_fork_in_child", _child_is_a_rank),
     "one-sided-switch-taken": (session_module.InOrderSession, "_switch", _one_sided_switch_taken),
-    "others-only-release-off": (collector_module.Collector, "_release_others_only", lambda self: None),
+    "others-only-release-off": (collector_module.Collector, "_release_others_only", lambda self, timeout: None),
     "calls-without-the-lock": (Process, "lock", NoLock),
     "block-in-reverse": (collector_module.Collector, "_emit_block", _emit_reversed),
-    "exit-without-seal": (queues.StoreInbox, "seal", lambda self, rank: []),
+    "exit-without-seal": (queues.Inbox, "seal", lambda self, rank: []),
 }
 
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from accelerate_inorder_fix import _origin, config
-from accelerate_inorder_fix.gather import collapse, collector, records
+from accelerate_inorder_fix.gather import collapse, collector, queues, records
+from accelerate_inorder_fix.testing import InMemoryStore
 
 
 LOGGER = "aif.test.collapse"
@@ -103,13 +104,6 @@ def test_a_message_that_fails_to_format_is_not_grouped_and_does_not_raise():
     assert [r.ranks for r in collapse.collapse(list(enumerate(records)))] == [[0], [1]]
 
 
-class _Collected:
-    """A record source whose every record is collected already: the collector only prints."""
-
-    def end_call(self):
-        pass
-
-
 class _Seen(logging.Handler):
     def __init__(self):
         super().__init__()
@@ -126,11 +120,11 @@ def test_the_collector_collapses_a_block_only_with_the_setting_on(monkeypatch, o
     logger = logging.getLogger(LOGGER)
     monkeypatch.setattr(logger, "handlers", [seen])
     monkeypatch.setattr(logger, "propagate", False)
-    main = collector.Collector(_Collected(), 4, 1.0, print)
+    main = collector.Collector(queues.Inbox(InMemoryStore(), 4), 4)  # every record collected already
     identity = (("train.py", "step", 10), 1)
     texts = ["epoch 3 done", "epoch 3 done", "rank 2 is special", "epoch 3 done"]
     main.pending[identity] = {rank: _record(rank, texts[rank]) for rank in range(1, 4)}
-    main.emit_call(identity, _record(0, texts[0]))
+    main.emit_call(identity, _record(0, texts[0]), 1.0)
     if on:
         assert seen.lines == [("[RANK 0-1,3] epoch 3 done", [0, 1, 3]), ("[RANK 2] rank 2 is special", [2])]
     else:

@@ -6,7 +6,6 @@ anything; the collector turns it into one warning and that rank's empty record o
 """
 
 import builtins
-import collections
 import enum
 import importlib
 import json
@@ -17,14 +16,12 @@ import pickle
 import re
 import sys
 import threading
-import time
 
 import pytest
 from conftest import REPO
 
-from accelerate_inorder_fix._call import InOrderCall, LogArgs, ThisCall
+from accelerate_inorder_fix._call import ThisCall
 from accelerate_inorder_fix._origin import Origin
-from accelerate_inorder_fix.gather import collector as _collector
 from accelerate_inorder_fix.gather import queues, records
 
 
@@ -55,10 +52,21 @@ def _record(msg="hello %s", args=("world",), level=logging.INFO, extra=None, exc
     return record
 
 
+def to_bytes(identity, record):
+    """A record on the wire as a rank sends it: stamped with its origin (rank 0 unless it says)."""
+    if record is not None and not hasattr(record, "rank"):
+        Origin(0, "node-a", False).stamp(record)
+    return records.encode(identity, record)[0]
+
+
+def from_bytes(payload, rank=0):
+    return records.decode(payload, rank)
+
+
 def _trip(record, identity=IDENTITY):
-    payload = records.to_bytes(identity, record)
+    payload = to_bytes(identity, record)
     assert isinstance(payload, bytes)
-    got_identity, got = records.from_bytes(payload)
+    got_identity, got = from_bytes(payload)
     assert got_identity == identity
     return got
 
@@ -94,7 +102,7 @@ def test_what_users_see_of_a_record_survives_the_round_trip():
 
 
 def test_identity_and_empty_marker_round_trip():
-    assert records.from_bytes(records.to_bytes(IDENTITY, None)) == (IDENTITY, None)
+    assert from_bytes(to_bytes(IDENTITY, None)) == (IDENTITY, None)
 
 
 def test_a_message_that_cannot_be_formatted_still_arrives():
@@ -133,52 +141,15 @@ _DOCUMENTS = [
 ]
 
 
-@pytest.mark.parametrize("c_encoder", [True, False], ids=["c-encoder", "python-encoder"])
-def test_records_are_written_as_json_dumps_writes_them(monkeypatch, c_encoder):
-    if not c_encoder:
-        monkeypatch.setattr(records, "_C_ENCODER", None)
-    else:
-        assert records._C_ENCODER is not None, "this Python's json has its C encoder: the fast path must be used"
-    for document in _DOCUMENTS:
-        assert records.dumps(document) == json.dumps(document, separators=(",", ":")).encode("ascii")
-    with pytest.raises(ValueError):  # as `encode` expects of a value that cannot be written
-        records.dumps([10**5000])
-
-
 class _BadRepr:
     def __repr__(self):
         raise RuntimeError("no repr")
 
 
-def test_other_extra_values_arrive_as_their_repr():
-    loop = [1]
-    loop.append(loop)
-    deep = []
-    for _ in range(records.MAX_DEPTH + 5):
-        deep = [deep]
-    extra = {
-        "pair": (1, 2),
-        "tags": {"x"},
-        "path": pathlib.PurePosixPath("/data/shard-0"),
-        "level": Level.LOUD,
-        "counter": collections.Counter("aab"),
-        "blob": b"\x00\xff",
-        "int_keys": {1: "one"},
-        "loop": loop,
-        "deep": deep,
-        "object": object(),
-    }
-    got = _trip(_record(extra=extra))
-    for key, value in extra.items():
-        assert getattr(got, key) == repr(value), key
-    # What `%(pair)s` shows is unchanged: the repr of a tuple prints as the tuple did.
-    assert logging.Formatter("%(pair)s %(tags)s").format(got) == "(1, 2) {'x'}"
-
-
 def test_a_value_whose_repr_fails_or_cannot_be_written_does_not_cost_the_record():
     got = _trip(_record(extra={"bad": _BadRepr(), "huge": 10**5000}))
     assert got.getMessage() == "hello world"
-    assert got.bad == "<_BadRepr object; repr() failed: RuntimeError>"
+    assert got.bad == "<_BadRepr value could not be sent: repr() failed: RuntimeError>"
     assert isinstance(got.huge, str) and "could not be sent" in got.huge
 
 
@@ -235,9 +206,9 @@ def test_stack_info_arrives_as_text():
 def test_non_ascii_and_undecodable_names_survive():
     text = "héllo wörld 日本語 🎉 \u202e"
     original = _record(msg=text, args=(), extra={"who": "Zoë", "odd": "name\udcff.txt"})
-    payload = records.to_bytes(IDENTITY, original)
+    payload = to_bytes(IDENTITY, original)
     payload.decode("ascii")  # the wire carries escapes, so every str survives, lone surrogates too
-    _, got = records.from_bytes(payload)
+    _, got = from_bytes(payload)
     assert (got.getMessage(), got.who, got.odd) == (text, "Zoë", "name\udcff.txt")
 
 
@@ -260,7 +231,7 @@ def test_a_pickle_payload_is_refused_and_not_run(tmp_path):
     target = tmp_path / "created-by-unpickling"
     payload = pickle.dumps((IDENTITY, {"msg": _CreatesFile(target)}), protocol=4)
     with pytest.raises(records.MalformedRecord, match="not JSON"):
-        records.from_bytes(payload)
+        from_bytes(payload)
     assert not target.exists()
     pickle.loads(payload)  # the control: the payload is live, unpickling it would have run it
     assert target.exists()
@@ -273,7 +244,7 @@ def test_a_payload_naming_a_module_never_imports_it(tmp_path, monkeypatch):
     payload = b"caif_canary_module\nsomething\n."
     before = set(sys.modules)
     with pytest.raises(records.MalformedRecord):
-        records.from_bytes(payload)
+        from_bytes(payload)
     assert set(sys.modules) == before and not (tmp_path / "imported").exists()
     with pytest.raises(AttributeError):  # the control: unpickling imports the module (then misses the name)
         pickle.loads(payload)
@@ -282,10 +253,10 @@ def test_a_payload_naming_a_module_never_imports_it(tmp_path, monkeypatch):
 
 
 def _valid():
-    return records.to_bytes(IDENTITY, _record())
+    return to_bytes(IDENTITY, _record())
 
 
-PLACES = {"v": 0, "call": 1, "count": 2, "record": 3}  # a payload is a JSON list: these, by position
+PLACES = {"v": "v", "call": "site", "count": "count", "record": "record"}  # a payload is a JSON object
 
 
 def _document(**changes):
@@ -296,15 +267,9 @@ def _document(**changes):
 
 
 def _with_record(**changes):
-    """A valid payload with record attributes changed: a standard one in its place, any other in the extras."""
+    """A valid payload with record attributes changed."""
     document = json.loads(_valid())
-    values = document[3]
-    order = (*records.FIELDS, "args", "exc_info")
-    for name, value in changes.items():
-        if name in order:
-            values[order.index(name)] = value
-        else:
-            values[-1][name] = value
+    document["record"].update(changes)
     return json.dumps(document).encode()
 
 
@@ -344,24 +309,24 @@ FOREIGN = {
 @pytest.mark.parametrize("name", list(FOREIGN))
 def test_foreign_bytes_are_refused(name):
     with pytest.raises(records.MalformedRecord):
-        records.from_bytes(FOREIGN[name])
+        from_bytes(FOREIGN[name])
 
 
 def test_every_truncation_of_a_record_is_refused():
-    payload = records.to_bytes(IDENTITY, _record(extra={"k": [1, {"a": "b"}]}, stack_info=True))
+    payload = to_bytes(IDENTITY, _record(extra={"k": [1, {"a": "b"}]}, stack_info=True))
     for end in range(len(payload)):
         with pytest.raises(records.MalformedRecord):
-            records.from_bytes(payload[:end])
+            from_bytes(payload[:end])
 
 
 def test_names_logging_reserves_are_never_set_from_a_payload():
     payload = _with_record(getMessage="not a method", __class__="x", __dict__={"msg": "swapped"})
-    _, got = records.from_bytes(payload)
+    _, got = from_bytes(payload)
     assert type(got) is logging.LogRecord and got.getMessage() == "hello world"
 
 
 def test_decoding_never_imports_or_evaluates(tmp_path):
-    payloads = [_valid(), records.to_bytes(IDENTITY, None), *FOREIGN.values()]
+    payloads = [_valid(), to_bytes(IDENTITY, None), *FOREIGN.values()]
     payloads.append(pickle.dumps((IDENTITY, {"msg": _CreatesFile(tmp_path / "x")})))
     reached = []
 
@@ -379,7 +344,7 @@ def test_decoding_never_imports_or_evaluates(tmp_path):
             setattr(owner, name, refuse)
         for payload in payloads:
             try:
-                records.from_bytes(payload)
+                from_bytes(payload)
             except records.MalformedRecord:
                 refused += 1
     finally:
@@ -413,39 +378,6 @@ def _emitted(caplog_records):
     return [(r.getMessage(), r.levelname) for r in caplog_records if r.name == LOGGER]
 
 
-def test_collector_counts_foreign_bytes_as_that_ranks_empty_record(caplog):
-    later = (("train.py", "step", 42), 4)
-    queues = _queues(
-        {
-            1: [b"\x80\x04garbage", records.to_bytes(later, _record(msg="r1 later", args=(), extra=_origin(1)))],
-            2: [
-                records.to_bytes(IDENTITY, _record(msg="r2", args=(), extra=_origin(2))),
-                records.to_bytes(later, None),
-            ],
-        },
-        3,
-    )
-    warnings = []
-    collector = _collector.Collector(queues, 3, timeout=30.0, warn=warnings.append)
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
-    start = time.monotonic()
-    collector.emit_call(IDENTITY, _record(msg="r0", args=()))
-    collector.emit_call(later, None)
-    collector.flush()
-    assert time.monotonic() - start < 5  # no deadline was waited out: the marker closed the call
-    assert _emitted(caplog.records) == [("r0", "INFO"), ("r2", "INFO"), ("r1 later", "INFO")]
-    assert len(warnings) == 1 and "): rank 1 sent something that is not an in_order record" in warnings[0]
-    assert warnings[0].startswith("in_order call at train.py:42 in step (call 3 from there): ")
-    assert "counted as rank 1's empty record of this call" in warnings[0]
-
-
-def test_collector_ignores_foreign_bytes_at_exit_with_one_warning():
-    warnings = []
-    collector = _collector.Collector(_queues({1: [b"{"]}, 2), 2, timeout=30.0, warn=warnings.append)
-    collector.flush()
-    assert len(warnings) == 1 and warnings[0].startswith("rank 1 sent something that is not an in_order record")
-
-
 # -- the whole package --------------------------------------------------------------------------
 
 PACKAGE = REPO / "accelerate_inorder_fix"
@@ -476,7 +408,7 @@ def test_origin_tags_a_message_as_accelerate_1_13_does_and_never_twice():
 
 
 def test_a_record_read_from_a_queue_carries_that_rank_and_its_host():
-    _, got = records.from_bytes(records.to_bytes(IDENTITY, _record(extra=_origin(1))), rank=1)
+    _, got = from_bytes(to_bytes(IDENTITY, _record(extra=_origin(1))), rank=1)
     assert (got.rank, got.hostname) == (1, "node-a")
 
 
@@ -486,18 +418,9 @@ def test_a_record_read_from_a_queue_carries_that_rank_and_its_host():
      {"rank": "1", "hostname": "node-a"}, {"rank": 1, "hostname": 7}, {"rank": 1, "hostname": None}],
 )  # fmt: skip
 def test_a_record_claiming_another_rank_or_no_host_is_refused(origin):
-    payload = records.to_bytes(IDENTITY, _record(extra=origin))
+    payload = to_bytes(IDENTITY, _record(extra=origin))
     with pytest.raises(records.MalformedRecord, match="'rank'|'hostname'"):
-        records.from_bytes(payload, rank=1)
-
-
-def test_a_full_copy_claiming_another_rank_is_not_used():
-    """The copy says rank 2's record in rank 1's place: not used (rank 1's key is read instead)."""
-    from accelerate_inorder_fix.gather import copies
-
-    payload, document = records.encode(IDENTITY, _record(extra=_origin(2)))
-    (line,) = copies.parse_slot(copies.Copier(1, refresh=16).line(0, payload, document), 3)
-    assert copies.CopyReader().decode(1, line) is None
+        from_bytes(payload, rank=1)
 
 
 def test_a_call_filter_stamps_rank_and_hostname_on_this_threads_records_only_and_drops_none():
@@ -518,89 +441,6 @@ def test_a_call_filter_stamps_rank_and_hostname_on_this_threads_records_only_and
     assert seen == [("mine", 3), ("another thread's", None)]  # the message is left as it was
 
 
-@pytest.mark.parametrize(
-    "text, lost",
-    [
-        ("x" * (20 * 10**6), "15.8 MB"),
-        ("\U0001f600" * 800_000, "1.8 MB"),
-        ("é" * (5 * 10**6), ""),
-        ('"' * (6 * 10**6), ""),
-    ],
-)
-def test_a_record_over_the_limit_is_cut_to_fit_with_a_marker_saying_how_much(text, lost):
-    """Emoji take 12 bytes each as JSON (3.2 MB of UTF-8 are 9.6 MB sent): the cut is by wire size, not length."""
-    payload, document = records.encode(IDENTITY, _record(msg=text, args=(), extra=_origin(1)))
-    assert len(payload) > records.MAX_PAYLOAD
-    shrunk = records.shrink(document, len(payload))
-    assert len(shrunk) <= records.MAX_PAYLOAD and shrunk == records.dumps(document)
-    assert len(shrunk) > records.MAX_PAYLOAD - 1024  # as much as fits is kept
-    _, got = records.from_bytes(shrunk, rank=1)
-    message = got.getMessage()
-    kept, marker = message.split("... [truncated ")
-    assert text.startswith(kept) and marker.endswith(" MB]") and lost in marker
-    assert (got.rank, got.hostname, got.name, got.levelno) == (1, "node-a", LOGGER, logging.INFO)
-
-
-def test_large_extra_data_and_tracebacks_are_cut_too_the_largest_first():
-    extra = {**_origin(1), "big_list": ["y" * 100] * 50_000, "small": "kept"}
-    record = _record(msg="short", args=(), extra=extra)
-    record.exc_text = "Traceback\n" + "frame\n" * 1_000_000
-    payload, document = records.encode(IDENTITY, record)
-    shrunk = records.shrink(document, len(payload))
-    assert len(payload) > records.MAX_PAYLOAD >= len(shrunk)
-    _, got = records.from_bytes(shrunk, rank=1)
-    assert got.big_list.startswith("<list value of ") and got.big_list.endswith("not sent: too large>")
-    assert (got.msg, got.small) == ("short", "kept")
-    assert got.exc_text.startswith("Traceback\nframe\n")
-
-
-def test_thousands_of_small_extras_over_the_limit_leave_the_record_its_message_and_origin():
-    extra = {**_origin(1), **{f"k{i}": "v" * 200 for i in range(30_000)}}
-    payload, document = records.encode(IDENTITY, _record(msg="short", args=(), extra=extra))
-    shrunk = records.shrink(document, len(payload))
-    assert len(payload) > records.MAX_PAYLOAD >= len(shrunk)
-    _, got = records.from_bytes(shrunk, rank=1)
-    assert got.msg.startswith("short") and "not sent: too large" in got.msg and not hasattr(got, "k1")
-
-
-def test_the_main_process_s_own_unformattable_record_reads_as_a_rank_s_does():
-    """Before, a rank's arrived with the note and the main process's own went to `--- Logging error ---`."""
-    own = _record(msg="%d items", args=("many",))
-    sent = _trip(_record(msg="%d items", args=("many",)))
-    records.settle_message(own)
-    assert own.getMessage() == sent.getMessage() and "could not be formatted" in own.getMessage()
-    fine = _record()
-    records.settle_message(fine)
-    assert (fine.msg, fine.args) == ("hello %s", ("world",))  # a record that formats is left as it is
-
-
 class _Unprintable:
     def __str__(self):
         raise RuntimeError("no str for you")
-
-
-def test_a_record_that_cannot_be_built_is_said_each_time_naming_its_call_and_rank(capsys):
-    """Before, once per text and naming no call: `a log record could not be built: RuntimeError(...)`."""
-    from accelerate_inorder_fix._diagnostics import DIAGNOSTICS
-    from accelerate_inorder_fix.gather import side
-
-    DIAGNOSTICS.reset()
-    adapter = logging.LoggerAdapter(logging.getLogger(LOGGER), {})
-    for count in (1, 2):
-        assert (
-            side._capture(
-                InOrderCall(
-                    IDENTITY[0],
-                    LogArgs(adapter, logging.INFO, _Unprintable(), (), {}),
-                    Origin(1, "node-a", False),
-                    1.0,
-                    count,
-                )
-            )
-            is None
-        )
-    lines = capsys.readouterr().err.splitlines()
-    DIAGNOSTICS.reset()
-    assert [line.split(": rank 1's record could not be built (")[0] for line in lines] == [
-        f"accelerate-inorder-fix: in_order call at train.py:42 in step (call {count} from there)" for count in (1, 2)
-    ], lines

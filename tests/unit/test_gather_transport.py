@@ -1,0 +1,289 @@
+"""Gather mode's transport on an in-memory store with a simulated clock: no wall clock, no threads.
+
+The package's real `Outbox`, `Inbox` and `Collector`; the ranks' posts happen when the test says,
+or when the main process's wait reaches the time they are scheduled at (`ClockStore`).
+"""
+
+import heapq
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from accelerate_inorder_fix import _diagnostics, bounds, configure
+from accelerate_inorder_fix._origin import Origin
+from accelerate_inorder_fix.gather import collapse, queues, records
+from accelerate_inorder_fix.gather import collector as _collector
+from accelerate_inorder_fix.testing import InMemoryStore, StoreTimeout, reset
+
+
+LOGGER = "aif.test.transport"
+SITE, OTHER = ("train.py", "step", 10), ("train.py", "eval", 20)
+T = 10.0
+
+
+@pytest.fixture(autouse=True)
+def _clean_process():
+    reset()
+    yield
+    reset()
+
+
+class ClockStore(InMemoryStore):
+    """An in-memory store whose `wait` moves a simulated clock on, running the posts scheduled meanwhile.
+
+    It also checks every request against the store's payload limit.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.now, self.arrivals, self.largest = 0.0, [], 0
+
+    def at(self, when, post):
+        heapq.heappush(self.arrivals, (when, len(self.arrivals), post))
+
+    def wait(self, keys, timeout=None):
+        keys, until = list(keys), self.now + timeout.total_seconds()
+        while not all(k in self.data for k in keys):
+            if not self.arrivals or self.arrivals[0][0] > until:
+                self.now = until
+                raise StoreTimeout("wait timeout")
+            when, _, post = heapq.heappop(self.arrivals)
+            self.now = max(self.now, when)
+            post()
+
+    def _sent(self, *values):
+        size = sum(len(bytes(v)) for v in values)
+        self.largest = max(self.largest, size)
+        assert size <= queues.STORE_LIMIT // 2
+
+    def set(self, key, value):
+        self._sent(value)
+        super().set(key, value)
+
+    def compare_set(self, key, expected, desired):
+        self._sent(desired)
+        return super().compare_set(key, expected, desired)
+
+    def multi_set(self, keys, values):
+        self._sent(*values)
+        super().multi_set(keys, values)
+
+    def multi_get(self, keys):
+        values = super().multi_get(keys)
+        self._sent(*values)
+        return values
+
+
+class Seen(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def _record(rank, count, text=None, site=SITE):
+    msg = f"[RANK {rank}] {text or f'{site[1]} {count}'}"
+    record = logging.LogRecord(LOGGER, logging.INFO, site[0], site[2], msg, None, None)
+    Origin(rank, "node-a", False).stamp(record)
+    return record
+
+
+class Job:
+    def __init__(self, world_size, monkeypatch):
+        self.store = ClockStore()
+        monkeypatch.setattr(_collector, "time", SimpleNamespace(monotonic=lambda: self.store.now))
+        self.outboxes = {r: queues.Outbox(self.store, r) for r in range(1, world_size)}
+        self.collector = _collector.Collector(queues.Inbox(self.store, world_size), world_size)
+        self.seen = Seen()
+        logger = logging.getLogger(LOGGER)
+        logger.handlers[:], logger.propagate = [self.seen], False
+
+    def post(self, rank, count, site=SITE, at=None, text=None):
+        payload, _ = records.encode((site, count), _record(rank, count, text, site))
+        if at is None:
+            return self.outboxes[rank].post(payload)
+        self.store.at(at, lambda: self.outboxes[rank].post(payload))
+        return True
+
+    def call(self, count, site=SITE):
+        start = self.store.now
+        self.collector.emit_call((site, count), _record(0, count, site=site), T)
+        return self.store.now - start
+
+    def end(self):
+        """Every post still scheduled, then the exit of every rank and of the main process."""
+        while self.store.arrivals:
+            heapq.heappop(self.store.arrivals)[2]()
+        for outbox in self.outboxes.values():
+            outbox.close()
+        self.collector.flush()
+
+    def emitted(self):
+        return [(r.rank, r.getMessage()) for r in self.seen.records]
+
+
+def test_each_record_once_in_rank_order_and_no_key_left(monkeypatch):
+    job = Job(4, monkeypatch)
+    for count in range(1, 41):
+        for rank in (3, 1, 2):
+            job.post(rank, count, at=job.store.now + 0.001 * rank)
+        assert job.call(count) < T
+    job.end()
+    assert job.emitted() == [(r, f"[RANK {r}] step {c}") for c in range(1, 41) for r in range(4)]
+    assert job.store.data == {}
+
+
+@pytest.mark.parametrize("world_size, size", [(4, 3 << 20), (8, 5 << 19)])
+def test_big_records_keep_every_request_under_the_stores_limit(monkeypatch, world_size, size):
+    job = Job(world_size, monkeypatch)
+    for count in (1, 2):
+        for rank in range(1, world_size):
+            job.post(rank, count, text="x" * size)
+        job.call(count)
+    assert [(r, len(m)) for r, m in job.emitted()] == [
+        (r, len(f"[RANK {r}] step 1") if r == 0 else size + 9) for _ in (1, 2) for r in range(world_size)
+    ]
+    assert job.store.largest <= queues.STORE_LIMIT // 2
+
+
+def test_a_record_over_the_cut_is_cut_and_says_so():
+    record = _record(1, 1, "y" * (9 << 20))
+    payload, size = records.encode((SITE, 1), record)
+    assert size > records.MAX_RECORD >= len(payload)
+    _, rebuilt = records.decode(payload, 1)
+    assert rebuilt.msg.endswith("MB]") and "[truncated " in rebuilt.msg
+
+
+def test_a_rank_holds_at_most_the_bound_and_learns_from_acks(monkeypatch):
+    job = Job(2, monkeypatch)
+    outbox = job.outboxes[1]
+    for count in range(1, queues.QUEUE + 1):
+        assert job.post(1, count)
+    assert outbox.full and not outbox.learn(0.0)
+    job.call(1)
+    job.call(2)
+    assert not outbox.learn(0.0)  # fewer than ACK_EVERY read: no ack yet
+    for count in range(3, queues.ACK_EVERY + 1):
+        job.call(count)
+    assert outbox.learn(0.0) and not outbox.full
+    assert outbox.sent - outbox.cleaned == queues.QUEUE - queues.ACK_EVERY
+
+
+def test_a_quiet_rank_costs_death_bound_in_all_and_a_late_record_does_not_restart_it(monkeypatch, capsys):
+    job = Job(3, monkeypatch)
+    waited = 0.0
+    for count in range(1, 21):
+        job.post(1, count)
+        if count < 5 or count > 12:  # rank 2 stopped between calls 5 and 12, then late by 0.5 s
+            job.post(2, count, at=job.store.now + (0.5 if count > 12 else 0.0))
+        waited += job.call(count)
+    job.end()
+    assert waited <= bounds.GATHER_DEATH.value * T + 1e-9
+    errors = capsys.readouterr().err
+    assert errors.count("sent no record") == 1 and "rank 2 sent no record" in errors
+    lines = job.emitted()
+    assert sorted(lines) == sorted(set(lines)) and len(lines) == 20 * 2 + 12  # every record once
+    assert [m for r, m in lines if r == 1] == [f"[RANK 1] step {c}" for c in range(1, 21)]
+
+
+def test_a_quiet_rank_that_comes_back_on_time_is_waited_for_again(monkeypatch):
+    job = Job(3, monkeypatch)
+    job.post(1, 1)
+    job.call(1)  # rank 2 quiet: T
+    for count in (2, 3):
+        job.post(1, count)
+        job.post(2, count - 1)
+        job.post(2, count)
+        job.call(count)  # on time: not quiet any more
+    job.post(1, 4)
+    job.post(2, 4, at=job.store.now + 0.5 * T)
+    assert job.call(4) == 0.5 * T
+    assert job.emitted()[-3:] == [(r, f"[RANK {r}] step 4") for r in range(3)]
+
+
+def test_while_the_main_waits_for_a_quiet_rank_the_others_are_read_and_acked(monkeypatch):
+    job = Job(3, monkeypatch)
+    for count in range(1, queues.QUEUE + 1):  # rank 1 runs a queue ahead; rank 2 never posts
+        job.post(1, count, at=0.01 * count)
+    job.call(1)
+    assert job.outboxes[1].learn(0.0)  # the main process read ahead and acked while it waited
+    assert job.collector.inbox.next[1] == queues.QUEUE
+
+
+def test_a_main_only_site_costs_T_once_and_blocks_stay_whole(monkeypatch, capsys):
+    job = Job(3, monkeypatch)
+    waited = 0.0
+    for count in range(1, 6):
+        for rank in (1, 2):
+            job.post(rank, count, at=job.store.now + 0.01)
+        waited += job.call(count, site=OTHER)  # only the main process calls here
+        waited += job.call(count)
+    assert waited <= T + 0.1
+    assert capsys.readouterr().err.count("sent no record") == 1
+    assert [r for r, m in job.emitted() if "step" in m] == [0, 1, 2] * 5
+
+
+def test_late_records_carry_ranks_with_collapse_on(monkeypatch):
+    configure(collapse=True)
+    job = Job(3, monkeypatch)
+    job.post(1, 1)
+    job.call(1)
+    job.post(2, 1)
+    job.post(1, 2)
+    job.post(2, 2)
+    job.call(2)
+    assert all(getattr(r, "ranks", None) for r in job.seen.records)
+    assert [r.ranks for r in job.seen.records] == [[0, 1], [2], [0, 1, 2]]
+
+
+def test_user_text_beginning_with_a_rank_tag_is_untouched_and_grouped(monkeypatch):
+    monkeypatch.setattr(records, "upstream_tags", lambda: False)
+    lines = []
+    for rank in range(4):
+        record = logging.LogRecord(LOGGER, logging.INFO, "f.py", 1, "[RANK 3] says %s", ("hi",), None)
+        adapter = SimpleNamespace(
+            isEnabledFor=lambda level: True, process=lambda msg, kw: (msg, kw), logger=_Keep(record)
+        )
+        log = SimpleNamespace(adapter=adapter, level=logging.INFO, msg=record.msg, args=("hi",), kwargs={})
+        lines.append((rank, records.capture(log, Origin(rank, "h", False))))
+    assert [r.msg for _, r in lines] == [f"[RANK {r}] [RANK 3] says hi" for r in range(4)]
+    (line,) = collapse.collapse(lines)
+    assert line.msg == "[RANK 0-3] [RANK 3] says hi" and line.ranks == [0, 1, 2, 3]
+
+
+class _Keep:
+    """A logger whose `log` hands its filters one prepared record."""
+
+    def __init__(self, record):
+        self.record, self.filters = record, []
+
+    def addFilter(self, f):
+        self.filters.append(f)
+
+    def removeFilter(self, f):
+        self.filters.remove(f)
+
+    def log(self, level, msg, *args, **kwargs):
+        self.record.msg, self.record.args = msg, args
+        for f in self.filters:
+            f.filter(self.record)
+
+
+def test_losses_past_the_rate_limit_are_counted_and_said(capsys):
+    for i in range(80):
+        _diagnostics.warn_every(f"loss {i}")
+    assert capsys.readouterr().err.count("\n") == _diagnostics.BURST
+    _diagnostics.DIAGNOSTICS._window_start = -_diagnostics.WINDOW  # the window has passed
+    _diagnostics.warn_every("loss 80")
+    assert "(and 60 earlier warning(s) not written" in capsys.readouterr().err
+
+
+def test_losses_held_at_exit_are_said(capsys):
+    for i in range(25):
+        _diagnostics.warn_every(f"loss {i}")
+    capsys.readouterr()
+    _diagnostics.DIAGNOSTICS.say_held()
+    assert "5 more warning(s)" in capsys.readouterr().err
