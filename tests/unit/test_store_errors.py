@@ -9,7 +9,7 @@ import pytest
 
 from accelerate_inorder_fix import testing
 from accelerate_inorder_fix.gather import queues
-from accelerate_inorder_fix.store import mode
+from accelerate_inorder_fix.store.connection import wait_get
 from accelerate_inorder_fix.store.errors import is_timeout
 
 
@@ -52,7 +52,7 @@ def test_a_store_whose_server_is_gone_is_no_timeout():
     del server  # the server's thread stops with it
     error = _raised(lambda: client.get("a"))
     assert isinstance(error, dist.DistNetworkError) and not is_timeout(error)
-    assert not is_timeout(_raised(lambda: mode.read_mode(client, 0.05)))  # read_mode raises it, not None
+    assert not is_timeout(_raised(lambda: wait_get(client, "a", 0.05)))  # wait_get raises it, not None
 
 
 def test_the_in_memory_stores_timeout_is_one_and_other_errors_are_not():
@@ -64,7 +64,7 @@ def test_the_in_memory_stores_timeout_is_one_and_other_errors_are_not():
 
 def test_the_waits_read_a_timeout_as_not_yet_and_raise_a_failure():
     assert queues.wait(testing.InMemoryStore(), ["q/1/0"], 0.01) is False
-    assert mode.read_mode(testing.InMemoryStore(), 0.01) is None
+    assert wait_get(testing.InMemoryStore(), "mode", 0.01) is None
 
     class Gone(testing.InMemoryStore):
         def wait(self, keys, timeout=None):
@@ -73,4 +73,4 @@ def test_the_waits_read_a_timeout_as_not_yet_and_raise_a_failure():
     with pytest.raises(dist.DistNetworkError):
         queues.wait(Gone(), ["q/1/0"], 0.01)
     with pytest.raises(dist.DistNetworkError):
-        mode.read_mode(Gone(), 0.01)
+        wait_get(Gone(), "mode", 0.01)
