@@ -128,8 +128,8 @@ class Outbox:
         while True:
             key = ack_key(self.rank, self.acks + 1)
             mark = max(mark, int(bytes(self.store.get(key))))
+            self.acks += 1  # before the delete: a post asked again after a failure never waits for a deleted ack
             self.store.delete_key(key)
-            self.acks += 1
             if not self.store.check([ack_key(self.rank, self.acks + 1)]):
                 break
         self._clean(min(mark, self.sent))

@@ -72,6 +72,7 @@ class GatherSide:
     def __init__(self, store: Store, rank: int, world_size: int) -> None:
         self._lock = threading.RLock()  # one call at a time; a handler may log in_order from inside one
         self._rank = rank
+        self._store = store
         self._collector = Collector(Inbox(store, world_size), world_size) if rank == 0 else None
         self._outbox = None if rank == 0 else Outbox(store, rank)
         self._behind = False  # a full queue waited T in vain, and no ack has come since
@@ -109,13 +110,33 @@ class GatherSide:
             if outbox.full and not self._make_room(outbox, call):
                 print_here(record, self._rank)
                 return
-            if outbox.post(payload):
+            if self._send(outbox, payload):
                 return
             warn_once("the main process has finished; this rank prints its own in_order records from now on")
         except Exception as exc:  # undeliverable: printed here rather than lost
             warn_once(f"gather mode could not send a record to the main process, printing it on this rank: {exc!r}")
         self._outbox = None
         print_here(record, self._rank)
+
+    def _send(self, outbox: Outbox, payload: bytes) -> bool:
+        """`outbox.post`; if it raises, the same post once more on a fresh client of this thread: its head's
+        `compare_set(key, "", head)` on the rank's own key answers whether the first one landed (the head is
+        there: it goes to the main process, not printed here too) or not (written now), or the seal. Without
+        a fresh client, or if that fails too, the first error stands and the rank prints the record."""
+        try:
+            return outbox.post(payload)
+        except Exception as exc:
+            fresh = getattr(self._store, "fresh", None)
+            if fresh is None:
+                raise
+            try:
+                fresh()
+                outbox.store = self._store  # this thread's new client from now on
+                delivered = outbox.post(payload)
+            except Exception:
+                raise exc from None  # the post's own error says why the record is printed here
+            warn_once(f"gather mode's store connection failed during a post ({exc!r}); a fresh connection settled it")
+            return delivered
 
     def _make_room(self, outbox: Outbox, call: InOrderCall) -> bool:
         """Wait for the main process's next ack, at most T once a stall (`GATHER_FULL`); False: print the record here."""

@@ -51,6 +51,11 @@ class Connection:
             mine = self._local.store = _prefixed(_clone(self.store, self.timeout) or self.store, self.prefix)
         return mine
 
+    def fresh(self) -> Store:
+        """This thread's client made anew, for a thread whose own failed (a failed TCPStore client stays failed)."""
+        self._local.store = None
+        return self.own()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.own(), name)
 

@@ -266,7 +266,7 @@ class _RepliesLost:
         if self._broken:
             raise _connection_error("injected: the store connection is closed")
         answer = self._store.compare_set(key, expected, desired)
-        if key.startswith(f"{self._rank}/"):
+        if key.startswith(f"q/{self._rank}/"):  # a record's head (`queues.record_key`), on the rank's own key
             self._broken = True
             raise _connection_error("injected: the connection failed after the server applied compare_set")
         return answer
@@ -289,7 +289,7 @@ def reply_lost(r):
 
     r.log.info(f"reply_lost#1 r{r.index}", in_order=True)
     if r.index == 1:
-        outbox = testing.side().outbox  # the post connection, as the package opened it
+        outbox = testing.side()._outbox  # the post connection, as the package opened it (private: a test probe)
         outbox.store = _RepliesLost(outbox.store, r.index)
     for call in (2, 3):
         start = time.monotonic()
