@@ -37,9 +37,13 @@ def test_sixteen_ranks_gather_every_record_once_in_order_with_a_bounded_store():
     keys = dict(re.findall(r"^@@KEYS after=(\d+) keys=(\d+)$", "\n".join(job.lines), re.M))
     # Without clean-up the store would gain a key per rank per call between the two counts.
     growth = int(keys[str(CALLS)]) - int(keys["16"])
-    # A rank's read records wait up to a clean-up's and an ack's interval, its acks one clean-up's.
-    per_rank = queues.CLEAN_EVERY + queues.PUBLISH_EVERY + queues.CLEAN_EVERY // queues.PUBLISH_EVERY + 1
-    assert growth <= (NPROC - 1) * per_rank < (NPROC - 1) * (CALLS - 16)
+    # Ranks in step with the main process (a barrier a call): a rank's records (one key each here) wait up to
+    # an ack's interval to be acked (the main process acks every `queues.ACK_EVERY` records read) and up to
+    # one more for the rank to delete them (it reads its acks every ACK_EVERY posts), and at most 2 acks are
+    # unread; far under GATHER_QUEUE + ACK_KEYS, a rank's bound when it runs ahead.
+    per_rank = 2 * queues.ACK_EVERY + 2
+    assert per_rank <= queues.QUEUE + queues.ACK_KEYS
+    assert growth <= (NPROC - 1) * per_rank < (NPROC - 1) * (CALLS - 16), keys
 
 
 def _ranks(spans):
