@@ -104,10 +104,10 @@ def main():
     log = get_logger(LOGGER)
     store = dist.distributed_c10d._get_default_store()
     dist.barrier()
-    # The job's own keys: the package's (its mode word from the process group's start, already there) are
-    # counted with the rest, so that 0 after the job means the package left none.
+    # The job's own keys: the package's (the main process's session word, written when the process group
+    # started, already there) are counted with the rest, so that 0 after the job means the package left none.
     ours = dist.PrefixStore("accelerate_inorder_fix/", store)  # as the package reads it
-    keys_before = store.num_keys() - int(ours.check(["mode/started"]))
+    keys_before = store.num_keys() - int(ours.check(["session"]))
     atexit.register(at_exit, store, index, world, keys_before)  # before the package's: runs after it
     dist.barrier()
     start = time.monotonic()
