@@ -76,16 +76,15 @@ def _inject_into_posts(rank, size):
     real_post = queues.Outbox.post
     state = {"call": 0}
 
-    def post(self, payload, document=None):
+    def post(self, payload):
         kind = plan.get(state["call"])
         if kind == "pickle":
             payload = pickle_payload(os.environ["AIF_PWNED"])
         elif kind == "truncated":
             payload = payload[: len(payload) // 2]
-        if kind:  # the copy in the shared slot is made of the same foreign bytes
+        if kind:  # written to the rank's own keys as its record would be (`q/<rank>/<n>`)
             _say(f"@@INJECTED {kind} r{rank} call={state['call']} bytes={len(payload)}")
-            return real_post(self, payload)
-        return real_post(self, payload, document)
+        return real_post(self, payload)
 
     queues.Outbox.post = post
     return state
