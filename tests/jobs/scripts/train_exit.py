@@ -15,7 +15,8 @@ Everything in `main()`: `Accelerator(cpu=True)`, `prepare`, backward, one in_ord
 `save_state`, one more in_order line, the ending, then a plain line. Record lines:
 `exit#<call> r<rank> ... @@main by=r<writer>` (writer 0 for every rank: gather mode ran), and one
 `@@DONE r<rank> cleaner=<0|1> threads=<n>` per rank when `main()` is about to return: whether this
-rank's gather clean-up thread was started, and how many threads of the package are still running.
+rank's gather queue was cleaned up in the job (its post read the main process's acks and deleted the records
+they cover: the store calls a former clean-up thread made), and how many threads of the package are still running.
 How the process then exits is the test's business.
 """
 
@@ -29,8 +30,9 @@ import threading
 PATCH = sys.argv[1]
 END = sys.argv[2]
 SWITCH = sys.argv[3] if len(sys.argv) > 3 else "none"
-# 32 in_order calls in one mode: in gather mode a rank's 32nd post wakes its clean-up thread (every
-# `queues.CLEAN_EVERY` = 32 posts; the main process acked its first 24 by then), just before the job ends.
+# 32 in_order calls in one mode: in gather mode a rank's 17th post reads the main process's ack of its
+# first 16 records and deletes them (a rank reads its acks every `queues.ACK_EVERY` = 16 posts; the main
+# process acks a rank every 16 records it read), and its 32nd post is the last before the job ends.
 STEPS = 31
 SWITCH_AT = 8
 LOGGER = "aif.exit"
@@ -90,14 +92,14 @@ def main():
 
 
 def _cleaner_started():
-    """Whether this rank's gather-mode clean-up thread ever ran (private state: a test probe)."""
+    """Whether this rank's gather-mode queue was cleaned up: records the main process acked deleted (private
+    state: a test probe; gather mode has no thread, a rank's post does it)."""
     if PATCH == "0":
         return False
     from accelerate_inorder_fix import testing
 
-    outbox = getattr(testing.side(), "outbox", None)
-    cleaner = None if outbox is None else outbox.cleaner
-    return cleaner is not None and cleaner._thread is not None
+    outbox = getattr(testing.side(), "_outbox", None)
+    return outbox is not None and outbox.cleaned > 0
 
 
 def _our_threads():
