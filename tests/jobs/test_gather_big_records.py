@@ -22,7 +22,7 @@ SCRIPT = SCRIPTS / "big_records.py"
 TIMEOUT = 2.0
 NAMES = ["mb1", "mb9", "mb20", "emoji"] + [f"after#{k}" for k in range(1, 6)]
 LENGTHS = {"mb1": 10**6, "mb9": 9 * 10**6, "mb20": 20 * 10**6, "emoji": 800_000}
-TRUNCATED = {"mb9", "mb20", "emoji"}  # over `records.MAX_PAYLOAD` as JSON
+TRUNCATED = {"mb9", "mb20", "emoji"}  # over `records.MAX_RECORD` as JSON
 RECORD = re.compile(r"^\[RANK (\d)\] (\S+) r(\d) ")
 WARNING = re.compile(r"in_order call at big_records\.py:\d+ in main \(call (\d) from there\): rank 1's record is ")
 
@@ -41,7 +41,7 @@ def test_records_over_the_store_limit_arrive_truncated_once_in_order_and_later_o
         body = line[m.end() : -len(" by=r0")]
         if rank == 1 and name in TRUNCATED:
             kept, marker = body.split("... [truncated ")
-            assert marker.endswith(" MB]") and len(kept.encode()) < records.MAX_PAYLOAD, (name, marker)
+            assert marker.endswith(" MB]") and len(kept.encode()) < records.MAX_RECORD, (name, marker)
         else:  # the main process's own records never travel: they are whole, as are rank 1's small ones
             assert len(body) == LENGTHS.get(name, 3) and "[truncated" not in body, (name, rank, len(body))
     warnings = [line for line in job.stderr.splitlines() if "over gather mode's limit" in line]
