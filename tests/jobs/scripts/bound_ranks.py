@@ -142,15 +142,15 @@ def first_step_skip(r):
 def junk_first(r):
     """Junk in the verdict key of call 1 before any rank comes, the last rank a quarter T late: a decided call
     (a damaged skip) costs no rank a wait."""
+    from accelerate_inorder_fix import testing
     from accelerate_inorder_fix.barrier import checkin as protocol
-    from accelerate_inorder_fix.store import connection
 
     def junk_first_call(call):
         r.log.info(f"junk_first#{call} r{r.index}", in_order=True)
 
     if r.index == r.size - 1:
         site = (os.path.basename(__file__), junk_first_call.__name__, junk_first_call.__code__.co_firstlineno + 1)
-        store, _ = connection.open_store(timeout())  # a connection of its own, prefixed as the package's
+        store = testing.side().checkin.store  # the session's store, under this process group's prefix
         store.set(protocol.Call(protocol.site_name(site), 1).key, b"\x00junk")
     r.all_reduce_sum()
     if r.index == r.size - 1:

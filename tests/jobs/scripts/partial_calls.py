@@ -176,14 +176,14 @@ def late_first(r):
 def _junk(r, case, key_of, log_one):
     """Outcome e: the last rank, late, writes junk into a check-in key of call 1 while the others wait, then
     makes the call itself."""
+    from accelerate_inorder_fix import testing
     from accelerate_inorder_fix.barrier import checkin
-    from accelerate_inorder_fix.store import connection
 
     if r.index == r.size - 1:
         time.sleep(_timeout() / 3)
         site = (os.path.basename(__file__), log_one.__name__, log_one.__code__.co_firstlineno + 1)
         key = key_of(checkin.Call(checkin.site_name(site), 1))
-        store, _ = connection.open_store(_timeout())  # a connection of its own, prefixed as the package's
+        store = testing.side().checkin.store  # the session's store, under this process group's prefix
         store.set(key, b"\x00junk")
     _timed(r, case, lambda: log_one(1))
     r.verdicts(case, log_one)
