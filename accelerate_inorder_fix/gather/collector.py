@@ -134,11 +134,15 @@ class Collector:
             identity, record = records.decode(payload, rank)
         except records.MalformedRecord as exc:
             where = describe(current) if current else ""
-            warn_every(
-                CallWarning(
-                    where, (rank,), f"sent something that is not an in_order record ({exc})", 0, "it was ignored"
-                )
+            counted = current is not None and rank not in block  # in the place of its record of this call
+            if counted:
+                block[rank] = None  # its empty record of the call: not waited for, not said absent
+            done = (
+                f"it was ignored and counted as rank {rank}'s empty record of this call"
+                if counted
+                else "it was ignored"
             )
+            warn_every(CallWarning(where, (rank,), f"sent something that is not an in_order record ({exc})", 0, done))
             return
         site = identity[0]
         if identity == current:
