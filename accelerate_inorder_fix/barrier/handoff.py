@@ -42,7 +42,8 @@ class Turns:
             timeout: T, in seconds.
             emit: puts this rank's record out.
 
-        Returns the rank named for breaking the chain (None: it held). Raises what the store raises.
+        Returns the first rank named for breaking the chain (None: it held); a break after this rank's
+            turn is named (said) too. Raises what the store raises.
         """
         store, clock = self.checkin.store, self.checkin.clock
         named = None
@@ -57,16 +58,18 @@ class Turns:
                 named = None  # the rank right after the break named it, and handed over: the order holds
         emit()
         store.set(call.handoff(self.rank), HANDED)
+        after = None  # a break after this rank's turn: named too (a second death is said, not hidden by the first)
         if self.rank < self.last and not self.checkin.wait_for(
             call.handoff(self.last), max(deadline, clock() + timeout * LATE_WAIT)
         ):
-            named = self._first_missing(call, range(self.rank + 1, self.last + 1)) if named is None else named
+            after = self._first_missing(call, range(self.rank + 1, self.last + 1))
         if call.k > 1:
             store.delete_key(Call(call.site, call.k - 1).handoff(self.rank))
-        if named is not None:
-            self._say_broken(call, named, timeout)
-            self.checkin.absence.name({named: call.marker}, timeout)
-        return named
+        for q in (named, after):
+            if q is not None:
+                self._say_broken(call, q, timeout)
+                self.checkin.absence.name({q: call.marker}, timeout)
+        return named if named is not None else after
 
     def _first_missing(self, call: Call, ranks: range) -> Optional[int]:
         """The first of `ranks` whose handoff is not in the store (None: all came, just now)."""

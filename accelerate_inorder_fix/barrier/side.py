@@ -73,7 +73,8 @@ _WHAT = {
 
 
 def say_skipped(side: CheckIn, call: Call, verdict: Verdict, timeout: float) -> None:
-    """One line per given-up site: said by the rank that came late, or by the lowest rank that was there."""
+    """One line per given-up site: said by the rank that came late, or by the lowest rank that was there (when
+    every rank came, one stopped in it: by the rank that wrote the skip: the lowest may be the one that stopped)."""
     where, rank = site_text(call.site), side.rank
     present = [q for q in range(side.world_size) if q not in verdict.missing]
     if verdict.why is Why.RETIRED:
@@ -83,8 +84,8 @@ def say_skipped(side: CheckIn, call: Call, verdict: Verdict, timeout: float) -> 
         text = CallWarning(where, (rank,), f"{event} at its check-in", None, _TAIL)
     elif rank in verdict.missing:
         text = CallWarning(where, (rank,), "came after the call had been given up", 0, _TAIL, COLLECTIVE)
-    elif rank != (present or [rank])[0]:
-        return
+    elif rank != (verdict.decider if not verdict.missing and verdict.decider >= 0 else (present or [rank])[0]):
+        return  # said once: by the lowest rank there; when every rank came, by the skip's writer (alive)
     elif not verdict.missing:
         event = f"every rank came to it, but one stopped in its check-in (it died, or hangs) within {timeout:g} s ({TIMEOUT_ENV})"
         text = CallWarning(where, (), event, timeout, _TAIL)

@@ -240,7 +240,7 @@ class StopAfter:
 
 def stall_after_add(r):
     """2 ranks. Rank 0 comes last to call 3 of a site and stops (dies) between its count and its `go`. Rank 1's calls
-    from then on (calls 3 and 4 there, two calls at another site) wait 1.5 T in all."""
+    from then on (calls 3 and 4 there, two calls at another site) wait 1.75 T in all (bounds.DEATH)."""
     _stall(r, "stall_after_add", after_marker=False)
 
 
@@ -294,7 +294,7 @@ class StopInTurn(logging.Filter):
 
 def two_dead(r):
     """4 ranks. Ranks 1 and 3 stop (die) in their turns of call 3: rank 2 names rank 1, takes its turn, and waits for
-    rank 3 no longer than its call's bound, 1.5 T (not a quarter T more for rank 1, which it named)."""
+    rank 3 no longer than its call's bound (bounds.CALL), and names rank 3 too."""
     signal.signal(signal.SIGTERM, lambda *_: None)
 
     def dead_call(call):
