@@ -178,12 +178,16 @@ def _junk(r, case, key_of, log_one):
     makes the call itself."""
     from accelerate_inorder_fix import testing
     from accelerate_inorder_fix.barrier import checkin
+    from accelerate_inorder_fix.store import connection
 
     if r.index == r.size - 1:
         time.sleep(_timeout() / 3)
         site = (os.path.basename(__file__), log_one.__name__, log_one.__code__.co_firstlineno + 1)
         key = key_of(checkin.Call(checkin.site_name(site), 1))
-        store = testing.side().checkin.store  # the session's store, under this process group's prefix
+        session = testing.side().checkin.store  # the session's store, under this process group's prefix
+        # a client of its own under that prefix: the rank's own may have failed (junk_counter's `add` on junk
+        # closes it, and barrier mode does not reconnect)
+        store = connection.Connection(session.store, session.prefix, session.timeout)
         store.set(key, b"\x00junk")
     _timed(r, case, lambda: log_one(1))
     r.verdicts(case, log_one)
