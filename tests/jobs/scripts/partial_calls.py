@@ -284,7 +284,8 @@ def old_store_api(r):
 
 
 def switch(r):
-    """Rank 3 alone asks for gather mode before the first call (overruled); then every rank switches."""
+    """Rank 3 alone asks for gather mode before the first call (overruled); then every rank asks for gather and
+    back, after the job's mode was fixed at its first call: said once a rank, not taken."""
     import accelerate_inorder_fix
 
     def first(call):
