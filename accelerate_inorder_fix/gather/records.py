@@ -111,6 +111,9 @@ def encode(identity: Identity, record: Optional[logging.LogRecord]) -> tuple[byt
         attributes.update(name=str(record.name), levelno=int(record.levelno), msg=message(record))
         if record.exc_info and not record.exc_text:
             attributes["exc_text"] = _TRACEBACKS.formatException(record.exc_info)
+        for key, value in attributes.items():  # json would write a tuple as a list: it travels as its repr
+            if isinstance(value, tuple):
+                attributes[key] = _repr(value)
         for key in ("exc_text", "stack_info"):  # whatever a record factory put there, the main process gets text
             if not isinstance(attributes.get(key), (str, type(None))):
                 attributes[key] = _repr(attributes[key])
