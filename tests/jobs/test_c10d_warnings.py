@@ -106,10 +106,10 @@ def test_a_gather_call_only_the_main_process_makes_gives_two_lines_on_rank_0():
     given, span = _timed_out_waits(job, 0)
     assert lines and all(line.startswith("[rank0]:") for line in lines), job.stderr
     assert len(lines) == 2 * len(given) and all(g <= SLICE * timeout for g in given), job.stderr  # whole slices
-    # one call's wait: its slices add up to at most GATHER_MAIN_ONLY, all within it (a second call's wait
-    # would start after the first's deadline)
-    assert sum(given) <= bounds.GATHER_MAIN_ONLY.value * timeout, job.stderr
-    assert span < bounds.GATHER_MAIN_ONLY.value * timeout, job.stderr
+    # one call's wait of T; a rank nothing of which was read during it (slow to start on a loaded machine)
+    # is quiet, and may be waited for a quarter T more at a later call: GATHER_DEATH in all, never more
+    limit = bounds.GATHER_DEATH.value * timeout
+    assert sum(given) <= limit and span < limit, job.stderr
     # the next site's records, found during that wait, were kept for the main process's call there, not
     # released as others-only (which made its first call there wait a timeout more)
     assert "has not within" not in job.stderr, job.stderr
