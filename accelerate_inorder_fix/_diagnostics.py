@@ -30,6 +30,11 @@ from typing import Optional, Union
 PREFIX = "accelerate-inorder-fix: "
 COLLECTIVE = "an in_order call is collective: every rank must make it"
 TIMEOUT_ENV = "ACCELERATE_INORDER_TIMEOUT"
+# What a warning under the COLLECTIVE rule ends with: how to find such calls, and the two fixes.
+WAY_OUT = (
+    "find such calls before launch with `accelerate-inorder-fix lint <script>`; move each out of its "
+    "rank-dependent branch, or drop in_order=True"
+)
 
 
 def site_text(site: Union[tuple[str, str, int], str]) -> str:
@@ -87,7 +92,9 @@ class CallWarning:
             cost = "no wait"
         at = f"at {self.site}" if self.site else "(its site not known here)"
         text = f"in_order call {at}: {who}{self.event}. Cost: {cost}. Next: {self.next}."
-        return f"{text} Rule: {self.rule}." if self.rule else text
+        if not self.rule:
+            return text
+        return f"{text} Rule: {self.rule}." + (f" Way out: {WAY_OUT}." if self.rule == COLLECTIVE else "")
 
 
 Said = Union[str, CallWarning]

@@ -56,6 +56,7 @@ __all__ = [
     "Settings",
     "check_switches",
     "configure",
+    "fallback",
     "setting_problems",
     "spans_hosts",
     "speaks_for_host",
@@ -158,7 +159,7 @@ class Settings:
         try:
             value = parse(raw)
         except ValueError as exc:
-            _say_bad_setting(name, raw, f"{name}={raw!r} is not valid ({exc}); using {default!r}")
+            _say_bad_setting(name, raw, str(exc))
             return default
         self._parsed[name] = (raw, value)
         return value
@@ -247,7 +248,7 @@ def check_switches() -> None:
     the package, once imported, says so rather than let a typo (`of`, `disable`) pass silently.
     """
     for name, raw, problem in _switch_problems():
-        _say_bad_setting(name, raw, f"{name}={raw!r} is {problem}; using 'on'")
+        _say_bad_setting(name, raw, problem)
 
 
 def _switch_problems() -> list[tuple[str, str, str]]:
@@ -282,10 +283,25 @@ def speaks_for_host() -> bool:
     return not raw.isdigit() or int(raw) == 0
 
 
-def _say_bad_setting(name: str, raw: str, text: str) -> None:
+# What a bad value of each variable falls back to, as a user would set it.
+_DEFAULTS = {
+    MODE_ENV: DEFAULT_MODE,
+    TIMEOUT_ENV: f"{DEFAULT_TIMEOUT:g}",
+    COLLAPSE_ENV: "off",
+    SWITCH_ENV: "on",
+    STARTUP_ENV: "on",
+}
+
+
+def fallback(name: str, raw: str, problem: str) -> str:
+    """How every bad value is said: `NAME='value' is not valid (why); using the default, <default>`."""
+    return f"{name}={raw!r} is not valid ({problem}); using the default, {_DEFAULTS[name]}"
+
+
+def _say_bad_setting(name: str, raw: str, problem: str) -> None:
     """A bad value, said once per process and variable, by the host's local main process only."""
     if speaks_for_host():
-        warn_once(text, key=("setting", name, raw))
+        warn_once(fallback(name, raw, problem), key=("setting", name, raw))
 
 
 def note_collapse_in_barrier_mode() -> None:
@@ -309,7 +325,7 @@ def configure(mode: Optional[str] = None, timeout: Optional[float] = None, colla
             later, a switch made on a rank alone is refused there, with one line.
         timeout (`float`, *optional*): T, the unit of every in_order bound (`bounds.py`): the main
             process's wait for a rank's record in gather mode, a rank's wait for the others at a
-            barrier-mode check-in (a whole call waits at most `bounds.CALL`, 1.5 T); a finite number
+            barrier-mode check-in (a whole call waits at most `bounds.CALL` in all); a finite number
             greater than 0.
         collapse (`bool`, *optional*): in gather mode, print a call's identical records (same logger,
             level and message text) from several ranks once, at the first one's place, tagged with

@@ -94,10 +94,11 @@ def startup_hook_facts() -> dict[str, Any]:
 def setting_facts() -> dict[str, Any]:
     """Mode, timeout and collapse in effect, where each comes from, and env values that were ignored."""
     facts: dict[str, Any] = {}
-    for key, env, value, default in (
-        ("mode", _config.MODE_ENV, SETTINGS.mode(), _config.DEFAULT_MODE),
-        ("timeout", _config.TIMEOUT_ENV, SETTINGS.timeout(), _config.DEFAULT_TIMEOUT),
-        ("collapse", _config.COLLAPSE_ENV, SETTINGS.collapse(), False),
+    problems = {name: problem for name, _, problem in _config.setting_problems()}
+    for key, env, value in (
+        ("mode", _config.MODE_ENV, SETTINGS.mode()),
+        ("timeout", _config.TIMEOUT_ENV, SETTINGS.timeout()),
+        ("collapse", _config.COLLAPSE_ENV, SETTINGS.collapse()),
     ):
         raw = os.environ.get(env)
         entry = {"value": value, "source": "default"}
@@ -105,7 +106,7 @@ def setting_facts() -> dict[str, Any]:
             if str(value) == raw.strip().lower() or _same_value(key, raw, value):
                 entry["source"] = env
             else:
-                entry["ignored"] = f"{env}={raw!r} is not valid; using {default}"
+                entry["ignored"] = _config.fallback(env, raw, problems.get(env, "not a value it takes"))
         facts[key] = entry
     facts["mode"]["means"] = MODE_MEANS[facts["mode"]["value"]]
     facts["collapse"]["means"] = COLLAPSE_MEANS[facts["collapse"]["value"]]

@@ -15,6 +15,7 @@ import re
 import pytest
 from conftest import REPO, SCRIPTS, accelerate_dir, two_nodes
 
+from accelerate_inorder_fix._diagnostics import WAY_OUT
 from accelerate_inorder_fix.cli import launch as _launch
 
 
@@ -134,7 +135,7 @@ def test_each_warning_is_said_once_per_site_naming_only_the_ranks_that_missed_th
     assert not named(job.stderr, "late_one"), warnings  # in time: no warning
     assert all(
         f"Cost: a wait of {TIMEOUT:g} s. Next: this call's records are printed unordered on each rank" in line
-        and line.endswith("Rule: an in_order call is collective: every rank must make it.")
+        and line.endswith("Rule: an in_order call is collective: every rank must make it. Way out: " + WAY_OUT + ".")
         for line in job.stderr.splitlines()
         if "did not make" in line
     ), job.stderr[-3000:]

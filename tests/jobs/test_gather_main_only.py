@@ -14,6 +14,7 @@ import re
 
 from conftest import REPO, SCRIPTS, accelerate_dir
 
+from accelerate_inorder_fix._diagnostics import WAY_OUT
 from accelerate_inorder_fix.cli import launch as _launch
 
 
@@ -79,7 +80,9 @@ def test_main_only_call_costs_one_timeout_per_site_and_every_rank_blocks_stay_wh
         where = WARNING.search(line)
         assert where and where[2] == "1" and "sent no record within 2 s (ACCELERATE_INORDER_TIMEOUT)" in line, line
         assert "Cost: a wait of 2 s. Next: this call's records of rank 0 were printed without them" in line, line
-        assert line.endswith("Rule: an in_order call is collective: every rank must make it."), line
+        assert line.endswith(
+            "Rule: an in_order call is collective: every rank must make it. Way out: " + WAY_OUT + "."
+        ), line
         sites.add(int(where[1]))
     assert sites == _main_only_lines(), (sites, warnings)
     assert "Traceback" not in job.stderr, job.stderr[-3000:]

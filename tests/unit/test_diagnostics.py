@@ -8,7 +8,15 @@ import logging
 import pytest
 
 from accelerate_inorder_fix import _diagnostics
-from accelerate_inorder_fix._diagnostics import COLLECTIVE, DIAGNOSTICS, CallWarning, site_text, warn_every, warn_once
+from accelerate_inorder_fix._diagnostics import (
+    COLLECTIVE,
+    DIAGNOSTICS,
+    WAY_OUT,
+    CallWarning,
+    site_text,
+    warn_every,
+    warn_once,
+)
 from accelerate_inorder_fix.gather import collector
 
 
@@ -29,7 +37,9 @@ def test_a_call_warning_names_site_ranks_cost_next_step_and_rule_in_that_order()
     ).render()
     assert line == (
         "in_order call at train.py:88 in step: ranks 1, 3 did not make it within 2 s. Cost: a wait of 2 s. "
-        "Next: records are printed unordered. Rule: an in_order call is collective: every rank must make it."
+        "Next: records are printed unordered. Rule: an in_order call is collective: every rank must make it. "
+        "Way out: find such calls before launch with `accelerate-inorder-fix lint <script>`; move each out of its "
+        "rank-dependent branch, or drop in_order=True."
     )
 
 
@@ -54,7 +64,7 @@ def test_gather_absence_names_what_was_printed_and_never_claims_records_above_wh
     for line in (some, none):
         assert "above" not in line
         assert line.startswith("in_order call at train.py:88 in step (call 3 from there): ")
-        assert "Cost: a wait of 2 s." in line and line.endswith(f"Rule: {COLLECTIVE}.")
+        assert "Cost: a wait of 2 s." in line and line.endswith(f"Rule: {COLLECTIVE}. Way out: {WAY_OUT}.")
 
 
 def test_warnings_go_to_stderr_once_per_key_and_never_through_logging(capsys, monkeypatch):

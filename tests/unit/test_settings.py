@@ -84,7 +84,28 @@ def test_bad_environment_value_falls_back_with_one_warning(monkeypatch, capsys, 
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"accelerate-inorder-fix: {name}={raw!r} is not valid (")
-    assert lines[0].endswith(f"using {default!r}")
+    assert lines[0].endswith("; using the default, " + {"mode": "barrier", "timeout": "30"}[read])
+
+
+@pytest.mark.parametrize(
+    "name,raw,default",
+    [
+        (config.MODE_ENV, "gahter", "barrier"),
+        (config.TIMEOUT_ENV, "inf", "30"),
+        (config.COLLAPSE_ENV, "maybe", "off"),
+        (config.SWITCH_ENV, "of", "on"),
+        (config.STARTUP_ENV, "disable", "on"),
+    ],
+)
+def test_every_bad_value_is_said_in_one_wording(monkeypatch, capsys, name, raw, default):
+    """One fallback wording for every variable, naming the default a user would set."""
+    monkeypatch.setenv(name, raw)
+    settings = config.Settings()
+    settings.mode(), settings.timeout(), settings.collapse()
+    config.check_switches()
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if name + "=" in line]
+    assert line.startswith(f"accelerate-inorder-fix: {name}={raw!r} is not valid ("), line
+    assert line.endswith(f"); using the default, {default}"), line
 
 
 def test_configure_overrides_the_environment(monkeypatch):
