@@ -508,3 +508,54 @@ def test_no_code_cites_this_projects_issue_numbers():
     files = [*(REPO / "accelerate_inorder_fix").rglob("*.py"), *(REPO / "tests").rglob("*.py")]
     found = [str(p.relative_to(REPO)) for p in files if cited.search(p.read_text()) and p.name != "test_docs.py"]
     assert [f for f in found if f not in KNOWN_STALE] == []
+
+
+def _readme_section(title):
+    readme = (REPO / "README.md").read_text()
+    start = readme.index(f"\n## {title}")
+    end = readme.find("\n## ", start + 1)
+    return readme[start : end if end > 0 else None]
+
+
+def test_readme_says_what_a_new_user_asks_in_the_first_hour():
+    """Issue 48's list, walked in README: uninstall; flake8 as an extra; `status` exits 2 on a bad setting;
+    every variable and accepted word; where upstream stands; the workarounds compared; a picture per mode;
+    what the tests set up, and where."""
+    readme = (REPO / "README.md").read_text()
+    assert "pip uninstall accelerate-inorder-fix" in _readme_section("Quick start")
+    assert '".[flake8]"' in readme and "[project.optional-dependencies]" in (REPO / "pyproject.toml").read_text()
+    assert 'flake8 = ["flake8"]' in (REPO / "pyproject.toml").read_text()
+    assert "exits 2" in readme
+    settings = _readme_section("Settings")
+    for name, words in {
+        "ACCELERATE_INORDER_FIX": ("`0`/`off`/`false`/`no`", "`force`", "`1`/`on`/`true`/`yes`"),
+        "ACCELERATE_INORDER_FIX_STARTUP": ("`0`/`off`/`false`/`no`", "`1`/`on`/`true`/`yes`"),
+        "ACCELERATE_INORDER_MODE": ("`barrier`", "`gather`"),
+        "ACCELERATE_INORDER_TIMEOUT": ("seconds", "30"),
+        "ACCELERATE_INORDER_COLLAPSE": ("`1`/`on`/`true`/`yes`", "`0`/`off`/`false`/`no`"),
+    }.items():
+        (row,) = [line for line in settings.splitlines() if line.startswith(f"| `{name}` |")]
+        assert all(word in row for word in words), row
+    assert "using the default, X" in settings  # the one fallback wording (config.fallback)
+    assert "patches/ISSUE.md" in _readme_section("Where upstream stands")
+    assert "drop `in_order=True`" in _readme_section("Workarounds, and why they fall short")
+    works = _readme_section("How it works")
+    for page in ("docs/barrier-mode.md", "docs/gather-mode.md"):
+        assert page in works and "```mermaid" in (REPO / page).read_text(), page
+    assert ".venv-upstream" in _readme_section("The two commands") and "tests/unit" in readme
+
+
+def test_readme_version_table_is_what_releases_txt_runs():
+    """README's tested releases are exactly scripts/releases.txt's, and its range ends at the newest of them."""
+    lines = (REPO / "scripts" / "releases.txt").read_text().splitlines()
+    tested = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    table = _readme_section("How it works")
+    named = re.findall(
+        r"\b\d+\.\d+\.\d+\b",
+        "".join(
+            line.split("|")[2] for line in table.splitlines() if line.startswith("| 0.") or line.startswith("| 1.")
+        ),
+    )
+    assert sorted(set(named) - {"0.20.0"}) == sorted(tested), (named, tested)
+    newest = max(tested, key=lambda v: tuple(map(int, v.split("."))))
+    assert f"{newest.rsplit('.', 1)[0]}.x" in table, newest
