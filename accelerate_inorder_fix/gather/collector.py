@@ -9,6 +9,7 @@ and how long (a quiet rank costs `GATHER_DEATH` in all), is in docs/gather-mode.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Sequence
@@ -38,7 +39,9 @@ class Collector:
     State, bounded by call sites and ranks: `pending` (records of calls the main process has not made),
     `made` (its last call per site), `absent` (ranks that skipped a site while heard from: not waited
     for there), `quiet` (ranks heard from by no call since they missed one: seconds of wait left for them),
-    `kept_since`/`others_only` (sites only the other ranks call from).
+    `kept_since`/`others_only` (sites only the other ranks call from), `wanted` (sites where a call of the
+    main process waits for another thread's: never others-only), `skipped` (where each quiet rank went
+    quiet: absent there once it is on time at another site).
 
     Args:
         inbox: the queues. world_size: ranks in the job.
@@ -53,6 +56,8 @@ class Collector:
         self.kept_since: dict[Site, float] = {}
         self.others_only: set[Site] = set()
         self.heard: set[int] = set()
+        self.wanted: collections.Counter[Site] = collections.Counter()
+        self.skipped: dict[int, Site] = {}
 
     def emit_call(self, identity: Identity, own: Optional[logging.LogRecord], timeout: float) -> None:
         """The main process's call `identity` (`own`: its record): collect the block, emit it, say who missed it."""
@@ -75,9 +80,12 @@ class Collector:
         self.made[site] = max(identity[1], self.made.get(site, 0))
         self.pending.pop(identity, None)
         self._emit_block(block, identity)
-        for rank in block:  # on time: waited for again everywhere
+        for rank in block:  # on time: waited for again everywhere, but where it went quiet and never came
             self.quiet.pop(rank, None)
             self.absent.get(site, set()).discard(rank)
+            skipped = self.skipped.pop(rank, site)
+            if skipped != site:
+                self.absent.setdefault(skipped, set()).add(rank)
         self._missed(identity, block, timeout, time.monotonic() - start)
         self._release_others_only(timeout)
 
@@ -148,6 +156,8 @@ class Collector:
         if identity == current:
             block[rank] = record
         elif identity[1] <= self.made.get(site, 0) or site in self.others_only:
+            if self.skipped.get(rank) == site:  # it made the call it went quiet at, late
+                del self.skipped[rank]
             if record is not None:
                 self._emit_alone(rank, identity, record)
         else:
@@ -170,6 +180,7 @@ class Collector:
                     absent.add(rank)
                 else:
                     self.quiet[rank] = (bounds.GATHER_DEATH.value - 1.0) * timeout
+                    self.skipped[rank] = site
 
     def _release_others_only(self, timeout: float) -> None:
         """Emit what was kept a whole T for sites the main process never called from; later records there go out as found."""
@@ -177,6 +188,8 @@ class Collector:
         for site, since in list(self.kept_since.items()):
             if site in self.made:
                 del self.kept_since[site]
+            elif self.wanted[site]:
+                continue
             elif since == float("inf"):
                 self.kept_since[site] = now
             elif now - since >= timeout:

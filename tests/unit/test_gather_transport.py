@@ -226,6 +226,38 @@ def test_a_main_only_site_costs_T_once_and_blocks_stay_whole(monkeypatch, capsys
     assert [r for r, m in job.emitted() if "step" in m] == [0, 1, 2] * 5
 
 
+def test_a_main_only_site_costs_T_once_when_the_others_post_nothing_during_its_wait(monkeypatch, capsys):
+    """The other ranks post each step's record before the main process's main-only call and nothing during its
+    wait (they wait in a collective for the main process): the site costs T once in all, not T a step (found
+    by explorer_path, seed 698: a rank on time at the every-rank site was waited for again at the main-only one)."""
+    job = Job(3, monkeypatch)
+    waited = 0.0
+    for count in range(1, 6):
+        for rank in (1, 2):
+            job.post(rank, count)
+        waited += job.call(count)
+        waited += job.call(count, site=OTHER)  # only the main process calls here
+    assert waited <= T + 0.1
+    assert capsys.readouterr().err.count("sent no record") == 1
+
+
+def test_a_site_whose_main_call_waits_for_another_thread_is_not_taken_for_others_only(monkeypatch, capsys):
+    """While a thread's call of the main process waits for the side's lock (another thread's call collects),
+    its site's records are kept for it, past T, not printed as an others-only site's (explorer_path, seed 146)."""
+    job = Job(3, monkeypatch)
+    job.collector.wanted[OTHER] += 1  # a thread of the main process is on its way to OTHER
+    for rank in (1, 2):
+        job.post(rank, 1, site=OTHER)
+    for count in range(1, 4):
+        for rank in (1, 2):
+            job.post(rank, count, at=job.store.now + 0.6 * T)
+        job.call(count)
+    job.collector.wanted[OTHER] -= 1
+    job.call(1, site=OTHER)
+    assert [r for r, m in job.emitted() if "eval" in m] == [0, 1, 2]
+    assert "made it and the main process has not" not in capsys.readouterr().err
+
+
 def test_late_records_carry_ranks_with_collapse_on(monkeypatch):
     configure(collapse=True)
     job = Job(3, monkeypatch)
