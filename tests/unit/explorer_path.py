@@ -435,7 +435,9 @@ def run(path: PathScript, seed: int = 0) -> tuple[PathSim, list[str]]:
     logger.propagate, logger.level = False, logging.INFO
     handler = Handler(sim)
     logger.addHandler(handler)
-    locks = SimpleNamespace(Lock=lambda: SimLock(sim, reentrant=False), RLock=lambda: SimLock(sim))
+    locks = SimpleNamespace(
+        Lock=lambda: SimLock(sim, reentrant=False), RLock=lambda: SimLock(sim), get_ident=threading.get_ident
+    )
     with ExitStack() as stack:
         patch = functools.partial(_patch, stack)
         patch(session_module, "threading", locks)
