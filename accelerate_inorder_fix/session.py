@@ -79,16 +79,19 @@ class InOrderSession:
     def call(self, state: Any, settings: Settings, call: InOrderCall) -> None:
         """One in_order call of this process: numbered at its site and taken by its mode's side, or logged at once."""
         side = self.side(state, settings, call.timeout)
-        if side is None:
-            if not self.member:
-                warn_once("a forked process logs its in_order records at once, without barriers (it is not a rank)")
+        if side is None and not self.member:
+            warn_once("a forked process logs its in_order records at once, without barriers (it is not a rank)")
+        if side is None and self._group is None:
             emit_at_once(call)
             return
         with self._site_locks[call.site]:  # re-entrant: a handler may log at the same site
             with self._lock:
                 self._counts[call.site] += 1
                 call.count = self._counts[call.site]
-            side.call(call)
+            if side is None:  # no word from the main process yet: numbered all the same, as the main's call is
+                emit_at_once(call)
+            else:
+                side.call(call)
 
     def side(self, state: Any, settings: Settings, timeout: float) -> Optional[Side]:
         """The side of the current process group's session, opened now if need be; None: log at once.
@@ -105,6 +108,7 @@ class InOrderSession:
                 return PlainBarriers(state)  # no c10d process group: upstream's own barriers
             if group is not self._group:
                 self._end()
+            if self._side is None:
                 self._open(group, state, settings, timeout)
             return self._side
 
@@ -127,7 +131,8 @@ class InOrderSession:
             return
         word = self._word(base, state, settings, timeout)
         if word is None:
-            return  # this call is logged at once; the next one looks for the word again
+            self._group = group  # this call is logged at once (and counted); the next one looks for the word again
+            return
         mode, prefix = word
         self._group, self._base, self._store = group, base, base.under(prefix)
         self._main = state.is_main_process

@@ -126,6 +126,19 @@ def test_the_main_process_silent_costs_a_rank_the_calls_timeout_and_its_record_i
     assert rank1.side(_rank(1), _settings(), 0.2) is not None and rank1.mode == "gather"
 
 
+def test_a_call_logged_at_once_for_want_of_the_main_s_word_is_numbered_all_the_same(monkeypatch, capsys):
+    """The main process's call there is numbered: so is this rank's, or each later record of the rank would go
+    into the block of the main's previous call (found by explorer_path: a connection failing at the word)."""
+    monkeypatch.setattr(session_module, "BarrierSide", Recorder)
+    main, rank1 = _sessions(InMemoryStore())
+    rank1.call(_rank(1), _settings(), _call(1, timeout=0.05))  # no word yet: logged at once
+    assert rank1.current_side is None and "no word from the main process" in capsys.readouterr().err
+    for _ in range(2):
+        main.call(_rank(0), _settings(), _call(0))
+    rank1.call(_rank(1), _settings(), _call(1))
+    assert main.current_side.calls == [(SITE, 1), (SITE, 2)] and rank1.current_side.calls == [(SITE, 2)]
+
+
 def test_a_store_that_fails_leaves_the_call_logged_at_once_with_one_line(capsys):
     class Failing(InMemoryStore):
         def check(self, keys):
