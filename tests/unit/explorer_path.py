@@ -1,25 +1,17 @@
 """A seeded schedule explorer for the whole call path: the real session, in both modes, on 2-4 simulated ranks.
 
-`explorer.py` runs barrier mode's side alone. This one runs what `_wrapper.patched_log`'s in_order
-branch runs (`Actor.call`): each simulated process's own `session.InOrderSession`, opened on
-`explorer.py`'s in-memory store through the product's `store.connection.Connection` (a client per
-thread, `fresh()` after a failure), and behind it gather mode's real `GatherSide` or barrier mode's real
-`BarrierSide`. `explorer.Sim` schedules: one actor (a thread of a simulated process) runs at a time,
-each store operation hands control back, time moves only when nothing can run, so a seed is a schedule.
-The session's locks are scheduler locks (`SimLock`): an actor that finds one held stops until it is free.
-A seed draws (`draw`) the job's mode, 2-4 ranks, calls every rank makes, main-only and others-only calls,
-whether the main process's word is written when its group starts or at its first call, and one of: a
-rank that dies at a store operation or whose connection fails there, before or after the server applied
-it (gather mode); a second thread per rank at another site; a child forked while the group exists
-(before, after the first call, or while a sibling thread is inside one); every rank forked by a launcher
-before the group exists; `configure(mode=...)` after the first call on one rank or all; a rank whose
-setting differs from the main's. `check` then holds, at the numbers of `accelerate_inorder_fix.bounds`:
-every record exactly once; a member's call made in the job's mode; in gather mode every record of a
-rank whose connection held is emitted by the main process, per site in call order and each block in
-rank order; in barrier mode, with no divergence, each call's records whole and in rank order; a call
-within `CALL`, a non-main post once the word is known within `GATHER_POST`, the main process's waits in
-all within its ranks' delays, `GATHER_DEATH` per death and `GATHER_MAIN_ONLY`; a mode set late said
-once and not taken; a forked child logs at once, touches no store and never waits; nothing hangs.
+Each simulated process runs what `_wrapper.patched_log`'s in_order branch runs (`Actor.call`) on its own
+`session.InOrderSession`, opened through the product's `store.connection.Connection` on `explorer.py`'s
+in-memory store, virtual clock and scheduler (one actor runs at a time: a seed is a schedule), the
+session's and the gather side's locks made scheduler locks (`SimLock`). A seed (`draw`) picks the job's
+mode, the main's word at its group's start or at its first call, main-only and others-only calls, and
+one scenario: a rank that dies or whose connection fails at a store operation, before or after the
+server applied it (gather); two threads per rank at two sites; a child forked inside the group (before,
+after, or inside a sibling thread's call); ranks forked by a launcher before the group; a late
+`configure(mode=...)` on one rank or all; a differing setting. `check` holds every record exactly once,
+each call in the job's mode, rank order and whole blocks, and every wait at the numbers of
+`accelerate_inorder_fix.bounds` (each check's docstring says its rule); a child logs at once, touches no
+store and never waits; nothing hangs.
 
     python tests/unit/explorer_path.py --seed 1234 -v           # one schedule, its script and events
     python tests/unit/explorer_path.py --schedules 20000 --jobs 2   # the long run (docs/testing.md)
@@ -560,12 +552,11 @@ def _in_order(sim: PathSim, records: list[tuple[int, int, str, int]], where: str
 
 def _gather(sim: PathSim) -> list[str]:
     """Every record of a rank whose connection held emitted by the main process, in order; the main's waits in all."""
-    members = {a for a, (_, role) in sim.path.actors.items() if role != "child"} - _struck(sim)
-    records = [r for r in _records(sim) if r[1] in members and r[2] != "O"]
-    problems = [
-        f"record {r[1:]} emitted by rank {sim.path.actors[r[0]][0]}" for r in records if sim.path.actors[r[0]][0]
-    ]
-    problems += _in_order(sim, [r for r in records if sim.path.actors[r[0]][0] == 0], "main stream")
+    ranks = {a: r for a, (r, role) in sim.path.actors.items() if role != "child"}
+    records = [r for r in _records(sim) if r[1] in ranks and r[2] != "O"]
+    alone = [r for r in records if ranks[r[0]] and r[1] not in _struck(sim)]  # a fault may leave a rank alone
+    problems = [f"record {r[1:]} emitted by rank {ranks[r[0]]}" for r in alone]
+    problems += _in_order(sim, [r for r in records if ranks.get(r[0]) == 0], "main stream")
     if sim.failed or any(role == "second" for _, role in sim.path.actors.values()):
         return problems
     delays = [sum(s[1] for s in sim.path.actions[r] if s[0] == "delay") for r in range(1, sim.path.n)]

@@ -226,3 +226,14 @@ def test_a_post_whose_connection_fails_comes_out_once(applied):
     assert main_stream(sim) == [f"call {r}.A {k}" for k in (1, 2, 3) for r in range(2)]
     with mutated("fresh-retry-removed"):
         assert any("emitted 2 times" in p for p in run(script)[1]) == applied
+
+
+def test_a_rank_that_could_not_read_the_word_logs_that_call_at_once_and_keeps_the_main_s_numbers():
+    """Rank 1's connection fails at its first store operation (the word's check): that call is logged at once
+    on the rank, and its later records come out in their own blocks, not one call early."""
+    script = job(2, 3)
+    script.fail_at[1] = 1
+    sim, problems = run(script)
+    assert not problems, problems
+    assert [text for actor, text, _ in sim.emitted if actor == 1] == ["call 1.A 1"]
+    assert main_stream(sim) == ["call 0.A 1", "call 0.A 2", "call 1.A 2", "call 0.A 3", "call 1.A 3"]
