@@ -45,7 +45,7 @@ from explorer import Killed, Request, Script, Sim  # noqa: E402
 
 from accelerate_inorder_fix import bounds  # noqa: E402
 from accelerate_inorder_fix import session as session_module  # noqa: E402
-from accelerate_inorder_fix._call import InOrderCall, LogArgs  # noqa: E402
+from accelerate_inorder_fix._call import InOrderCall, LogArgs, emit_at_once  # noqa: E402
 from accelerate_inorder_fix._diagnostics import DIAGNOSTICS, text_of  # noqa: E402
 from accelerate_inorder_fix.barrier.side import BarrierSide  # noqa: E402
 from accelerate_inorder_fix.config import Settings  # noqa: E402
@@ -618,12 +618,28 @@ def _word_not_waited(self: session_module.InOrderSession, base: Any, state: Any,
     return _WORD(self, base, state, settings, 0.0)
 
 
+_CALL = session_module.InOrderSession.call
+
+
+def _uncounted(self: session_module.InOrderSession, state: Any, settings: Any, call: InOrderCall) -> None:
+    if self.side(state, settings, call.timeout) is None:  # logged at once, and not numbered at its site
+        emit_at_once(call)
+        return
+    _CALL(self, state, settings, call)
+
+
+def _site_not_noted(self: gather_side.GatherSide, call: InOrderCall) -> None:
+    self._locked_call(call, gather_side._capture(call))
+
+
 MUTATIONS: dict[str, tuple[Any, str, Any]] = {
     "site-lock-global": (session_module.InOrderSession, "__init__", _one_site_lock),
     "child-keeps-session": (session_module.InOrderSession, "after_fork_in_child", lambda self: None),
     "non-member-inverted": (session_module.InOrderSession, "after_fork_in_child", _member_inverted),
     "late-setting-taken": (session_module.InOrderSession, "_check_setting", _setting_taken),
     "word-not-waited": (session_module.InOrderSession, "_word", _word_not_waited),
+    "call-at-once-not-numbered": (session_module.InOrderSession, "call", _uncounted),
+    "waiting-site-not-noted": (gather_side.GatherSide, "call", _site_not_noted),
     "fresh-retry-removed": (gather_side.GatherSide, "_send", _no_fresh_retry),
     "quiet-rank-waited-in-full": (collector_module.Collector, "_until", lambda self, r, start, t: start + t),
     "block-in-reverse": (collector_module.Collector, "_emit_block", _emit_reversed),
