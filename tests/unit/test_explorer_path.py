@@ -163,7 +163,7 @@ def test_ranks_forked_by_a_launcher_before_the_group_are_ranks(mode):
 
 @pytest.mark.parametrize("mode", ["gather", "barrier"])
 def test_two_threads_per_rank_at_different_sites_keep_every_block_whole_and_in_rank_order(mode):
-    """Issue 45's C4: a thread at B on every rank while the main thread calls at A."""
+    """A thread at B on every rank while the main thread calls at A (threads whose ranks interleave differently)."""
     script = job(3, 4, mode)
     for r in range(3):
         script.actors[3 + r] = (r, "second")
