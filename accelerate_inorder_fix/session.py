@@ -27,7 +27,7 @@ from ._diagnostics import warn_once
 from ._origin import Origin
 from .barrier.side import BarrierSide
 from .barrier.turns import PlainBarriers
-from .config import COLLAPSE_ENV, MODE_ENV, SETTINGS, TIMEOUT_ENV, Settings, spans_hosts
+from .config import COLLAPSE_ENV, MODE_ENV, SETTINGS, TIMEOUT_ENV, Settings, spans_hosts, speaks_for_host
 from .gather.side import GatherSide
 from .store import connection, teardown
 from .store.connection import Connection
@@ -80,7 +80,7 @@ class InOrderSession:
         """One in_order call of this process: numbered at its site and taken by its mode's side, or logged at once."""
         side = self.side(state, settings, call.timeout)
         if side is None and not self.member:
-            warn_once("a forked process logs its in_order records at once, without barriers (it is not a rank)")
+            warn_once("a forked process logs its in_order records at once, unordered (it is not a rank of the job)")
         if side is None and self._group is None:
             emit_at_once(call)
             return
@@ -141,8 +141,6 @@ class InOrderSession:
             self._side = GatherSide(self._store, rank, world_size)
         else:
             self._side = BarrierSide(self._store, rank, world_size)
-            if settings.collapse():
-                warn_once(f"collapse ({COLLAPSE_ENV}) applies to gather mode only", key=("collapse", "barrier"))
         atexit.unregister(self.close)
         atexit.register(self.close)  # registered after torch's and accelerate's exit handlers: runs before them
         teardown.on_destroy(self.end)
@@ -182,7 +180,13 @@ class InOrderSession:
         return word
 
     def _check_setting(self, state: Any, settings: Settings) -> None:
-        """A mode set after the job's was fixed: said once, not taken."""
+        """A mode set after the job's was fixed: said once, not taken. Collapse in barrier mode: said once a host."""
+        if self._mode == "barrier" and settings.collapse() and speaks_for_host():
+            warn_once(
+                f"collapse ({COLLAPSE_ENV} or configure(collapse=True)) applies to gather mode only; "
+                "in barrier mode each rank prints its own records",
+                key=("collapse", "barrier"),
+            )
         if self._setting is not None and settings.mode() != self._setting:
             warn_once(
                 f"rank {state.process_index}: the in_order mode ({MODE_ENV} or configure(mode=...)) changed to "

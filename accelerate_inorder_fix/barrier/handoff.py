@@ -4,8 +4,9 @@ The handoff owns its keys (`h/<site>/<k>/<r>`): each rank sets its own, and dele
 before at the site once it read this call's `go` (every rank had left that call). Ranks before the
 last wait for the last rank's key, so a call returns when every record is out, as upstream's barriers.
 Each wait ends at the call's deadline, or a quarter of T after it began when that is later; past it, the
-rank names the first rank whose handoff is missing, emits and hands over; past a break further up, it
-gives the rank before it a quarter of T more, so the survivors' records stay in rank order: a rank that
+rank names the first rank whose handoff is missing, emits and hands over; past a break before the rank it
+waits for, it gives that rank a quarter of T more, so the survivors' records stay in rank order and no rank
+returns (and exits) while a later one still takes its turn: a rank that
 dies in its turn costs each other rank at most 1.75 T in all, the absent rule's wait included.
 """
 
@@ -63,6 +64,8 @@ class Turns:
             call.handoff(self.last), max(deadline, clock() + timeout * LATE_WAIT)
         ):
             after = self._first_missing(call, range(self.rank + 1, self.last + 1))
+            if after is not None and after < self.last:  # the rank right after the break hands over about now
+                self.checkin.wait_for(call.handoff(self.last), clock() + timeout * LATE_WAIT)
         if call.k > 1:
             store.delete_key(Call(call.site, call.k - 1).handoff(self.rank))
         for q in (named, after):

@@ -102,9 +102,10 @@ class GatherSide:
 
     def _post(self, call: InOrderCall, record: Optional[logging.LogRecord]) -> None:
         outbox = self._outbox
+        if outbox is None:  # the main process has finished (said once), or this rank's session closed
+            print_here(record, self._rank)
+            return
         try:
-            if outbox is None:
-                raise RuntimeError("the session has closed")
             payload, size = records.encode(call.identity, record)
             if size > len(payload):
                 warn_every(

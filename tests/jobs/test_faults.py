@@ -174,7 +174,7 @@ def test_gather_mode_emits_every_record_exactly_once_under_faults(version):
     expect(found, "forked", 1, ALL, by=None)
     expect(found, "forked", 2, ALL)
     assert set(results(lines, "forked", "exitcode").values()) == {0.0}
-    assert len(warnings(job.stderr, r"a forked process prints its own in_order records")) == NPROC
+    assert len(warnings(job.stderr, r"a forked process logs its in_order records at once")) == NPROC
     # The main process finished first: its block went out, the others print their later calls themselves.
     expect(found, "main_first", 1, ALL)
     expect(found, "main_first", 2, [1, 2, 3], by=None)
