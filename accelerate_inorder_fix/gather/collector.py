@@ -210,14 +210,17 @@ class Collector:
                 lines = [(getattr(line, "ranks", [0])[0], line) for line in collapse.collapse(lines)]
             except Exception as exc:  # grouping must not cost the block: it goes out per rank
                 warn_every(f"in_order call at {describe(identity)}: its records could not be collapsed: {exc!r}")
+        loggers: dict[str, logging.Logger] = {}  # one `getLogger` a name a block
         for rank, record in lines:
-            self._hand_over(rank, identity, record)
+            name = record.name
+            logger = loggers.get(name) or loggers.setdefault(name, logging.getLogger(None if name == "root" else name))
+            self._hand_over(rank, identity, record, logger)
 
     @staticmethod
-    def _hand_over(rank: int, identity: Identity, record: logging.LogRecord) -> None:
+    def _hand_over(rank: int, identity: Identity, record: logging.LogRecord, logger: Optional[logging.Logger] = None) -> None:
         """One record to the main process's handlers; a handler that raises loses only this one, said."""
         try:
-            records.emit(record)
+            records.emit(record, logger)
         except Exception as exc:
             warn_every(
                 CallWarning(
