@@ -95,7 +95,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     print("|---|---:|---:|---:|---:|")
     for name in BODIES:
         old, new = best[args.base, name], best["head", name]
-        print(f"| {name} | {old:.1f} | {new:.1f} | {new / old:.2f} | {sizes[args.base, name]} / {sizes['head', name]} |")
+        print(
+            f"| {name} | {old:.1f} | {new:.1f} | {new / old:.2f} | {sizes[args.base, name]} / {sizes['head', name]} |"
+        )
     return {"best_ms": {f"{side}/{name}": ms for (side, name), ms in best.items()}}
 
 

@@ -192,8 +192,8 @@ class Inbox:
             self._advance(rank, parts)
         chunks = iter(get_many(self.store, [key for _, keys in rest for key in keys]))
         for place, keys in rest:
-            rank, first = taken[place]
-            taken[place] = (rank, b"".join([first or b"", *(next(chunks) for _ in keys)]))
+            rank, start = taken[place]
+            taken[place] = (rank, b"".join([start or b"", *(next(chunks) for _ in keys)]))
         return taken
 
     def _advance(self, rank: int, parts: int) -> None:

@@ -23,19 +23,18 @@ from .._origin import RANK_TAG, Origin
 
 VERSION = 5
 FIELDS = (
-    "name", "msg", "levelname", "levelno", "pathname", "filename", "module", "exc_text", "stack_info", "lineno",
-    "funcName", "created", "msecs", "relativeCreated", "thread", "threadName", "processName", "process", "rank",
-    "hostname",
+    "name", "msg", "levelname", "levelno", "pathname", "filename", "module", "exc_text", "stack_info", "lineno", "funcName",
+    "created", "msecs", "relativeCreated", "thread", "threadName", "processName", "process", "rank", "hostname",
 )  # fmt: skip
 _BY_PLACE = frozenset(FIELDS)
 MAX_RECORD = 4 * 1024 * 1024  # a record's bytes on the wire; past them it is cut (`shrink`)
 SMALL = 256  # a value this short on the wire is never cut
 _NOT_SENT = frozenset({"args", "exc_info", "message"})  # the message and traceback travel rendered
 _RESERVED = frozenset(dir(logging.LogRecord))  # methods and dunders: never set from the wire
-_KINDS = tuple(  # what the main process relies on, with the types it needs
-    {"name": (str,), "levelno": (int,), "msg": (str,), "exc_text": (str, type(None)), "stack_info": (str, type(None)),
-     "args": (type(None),), "exc_info": (type(None),), "rank": (int,), "hostname": (str,)}.items()
-)  # fmt: skip
+_KINDS = {  # what the main process relies on, with the types it needs
+    "name": (str,), "levelno": (int,), "msg": (str,), "exc_text": (str, type(None)), "stack_info": (str, type(None)),
+    "args": (type(None),), "exc_info": (type(None),), "rank": (int,), "hostname": (str,),
+}  # fmt: skip
 _PARSE = json.JSONDecoder().raw_decode  # `json.loads` without its look at the bytes' encoding: the wire is ASCII
 _TRACEBACKS = logging.Formatter()
 
@@ -133,16 +132,14 @@ def encode(identity: Identity, record: Optional[logging.LogRecord]) -> tuple[byt
         identity: `((file, function, line), count)`. record: as `capture` made it.
     """
     attributes = None if record is None else _attributes(record)
-    if attributes is not None and len(attributes["msg"]) > MAX_RECORD:
-        return shrink(identity, attributes)
-    try:
-        payload = _wire(identity, attributes)
-    except (ValueError, TypeError, RecursionError):
-        attributes = {k: _data(v) for k, v in (attributes or {}).items()}
-        payload = _wire(identity, attributes)
-    if len(payload) <= MAX_RECORD or attributes is None:
-        return payload, len(payload)
-    return shrink(identity, attributes)
+    if attributes is None or len(attributes["msg"]) <= MAX_RECORD:
+        try:
+            payload = _wire(identity, attributes)
+            if len(payload) <= MAX_RECORD or attributes is None:
+                return payload, len(payload)
+        except (ValueError, TypeError, RecursionError):  # a cycle, a non-str key, an int too long: `shrink` mends it
+            pass
+    return shrink(identity, attributes or {})
 
 
 def _size(value: Any) -> int:
@@ -154,12 +151,10 @@ def _size(value: Any) -> int:
 
 def shrink(identity: Identity, attributes: dict[str, Any], limit: int = MAX_RECORD) -> tuple[bytes, int]:
     """`(bytes, size before the cut)`: the record with its largest values cut (in `attributes`) until it takes
-    at most `limit` bytes. A text ends with `... [truncated 12.3 MB]`; other data becomes a note. Name,
-    level, rank and host stay.
+    at most `limit` bytes. A text ends with `... [truncated 12.3 MB]`; other data becomes a note, data json
+    cannot write its repr. Name, level, rank and host stay.
     """
-    for key, value in attributes.items():
-        if type(value) is not str:
-            attributes[key] = _data(value)
+    attributes.update({k: _data(v) for k, v in attributes.items() if type(v) is not str})
     sizes = {k: _size(v) for k, v in attributes.items() if k not in ("name", "levelno", "rank", "hostname")}
     size = first = len(_wire(identity, {**attributes, **dict.fromkeys(sizes)})) + sum(sizes.values()) - 4 * len(sizes)
     for name in sorted(sizes, key=sizes.__getitem__, reverse=True):
@@ -172,7 +167,7 @@ def shrink(identity: Identity, attributes: dict[str, Any], limit: int = MAX_RECO
             attributes[name] = f"<{type(value).__qualname__} value of {size_text(sizes[name])} not sent: too large>"
         size = others + _size(attributes[name])
     if size > limit:  # thousands of small attributes: only what the main process needs is kept
-        kept = {k: attributes[k] for k in ("name", "levelno", "rank", "hostname") if k in attributes}
+        kept: dict[str, Any] = {k: attributes[k] for k in ("name", "levelno", "rank", "hostname") if k in attributes}
         kept["msg"] = _cut(str(attributes.get("msg", "")), SMALL) + " (its other attributes were not sent: too large)"
         attributes = kept
     payload = _wire(identity, attributes)
@@ -181,7 +176,7 @@ def shrink(identity: Identity, attributes: dict[str, Any], limit: int = MAX_RECO
 
 def _cut(text: str, budget: int) -> str:
     """`text` cut to take at most `budget` bytes as JSON with its marker, which says how much went."""
-    room = max(0, budget - 40)
+    room = max(2, budget - 40)
     keep = min(len(text), room - 2)  # its quotes
     while keep > 0:
         size = len(_dumps(text[:keep]))
@@ -212,21 +207,21 @@ def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRec
         raise MalformedRecord(f"{len(payload)} bytes that are not JSON ({type(exc).__name__})") from None
     try:
         version, site, count, values, others = document
-        identity: Identity = ((site[0], site[1], site[2]), count)
-        if version != VERSION or type(version) is not int or type(count) is not int or len(site) != 3:
-            raise ValueError("not this version's identity")
-    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        if type(version) is not int or version != VERSION or type(count) is not int:
+            raise ValueError("another version")
+        if tuple(map(type, site)) != (str, str, int):
+            raise ValueError("its call site is not (file, function, line)")
+    except (ValueError, TypeError) as exc:
         raise MalformedRecord(f"not a version-{VERSION} record of accelerate-inorder-fix ({exc})") from None
-    if tuple(map(type, identity[0])) != (str, str, int):
-        raise MalformedRecord("its call site is not (file, function, line)")
+    identity: Identity = ((site[0], site[1], site[2]), count)
     if values is None:
         return identity, None
     if type(values) is not list or len(values) != len(FIELDS) or type(others) is not dict:
         raise MalformedRecord(f"its record is not {len(FIELDS)} values and an object")
     attributes = dict(zip(FIELDS, values))
     if others:
-        attributes.update(others if _RESERVED.isdisjoint(others) else {k: others[k] for k in others.keys() - _RESERVED})
-    for key, kinds in _KINDS:
+        attributes.update({k: others[k] for k in others.keys() - _RESERVED})
+    for key, kinds in _KINDS.items():
         if type(attributes.get(key)) not in kinds:
             raise MalformedRecord(f"its record's {key!r} is not a {kinds[0].__name__}")
     if attributes["rank"] != rank:
