@@ -80,27 +80,23 @@ class Collector:
         self.made[site] = max(identity[1], self.made.get(site, 0))
         self.pending.pop(identity, None)
         self._emit_block(block, identity)
-        for rank in block:  # on time: waited for again everywhere, but where it went quiet and never came
-            self.quiet.pop(rank, None)
-            self.absent.get(site, set()).discard(rank)
-            skipped = self.skipped.pop(rank, site)
+        self.absent.get(site, set()).difference_update(block)  # on time: waited for again everywhere,
+        for rank in self.quiet.keys() & block.keys():
+            del self.quiet[rank]
+        for rank in self.skipped.keys() & block.keys():  # but where it went quiet and never came
+            skipped = self.skipped.pop(rank)
             if skipped != site:
                 self.absent.setdefault(skipped, set()).add(rank)
         self._missed(identity, block, timeout, time.monotonic() - start)
         self._release_others_only(timeout)
 
-    def _until(self, rank: int, start: float, timeout: float) -> float:
-        return start + min(timeout, self.quiet.get(rank, timeout))
-
     def _waited(self, block: Block, site: Site, start: float, timeout: float) -> list[int]:
-        now, absent, ended = time.monotonic(), self.absent.get(site, ()), self.inbox.ended
+        """The ranks still waited for: each until `start` plus T, or plus what is left of its wait if quiet."""
+        soon = time.monotonic() + SHORTEST_WAIT - start  # into the call, a moment from now
+        absent, ended, quiet = self.absent.get(site, ()), self.inbox.ended, self.quiet
+        ranks = range(1, self.world_size) if timeout > soon else ()
         return [
-            r
-            for r in range(1, self.world_size)
-            if r not in block
-            and r not in absent
-            and r not in ended
-            and self._until(r, start, timeout) > now + SHORTEST_WAIT
+            r for r in ranks if r not in block and r not in absent and r not in ended and quiet.get(r, timeout) > soon
         ]
 
     def _collect(self, identity: Identity, block: Block, start: float, timeout: float) -> None:
@@ -109,9 +105,8 @@ class Collector:
             waited = self._waited(block, identity[0], start, timeout)
             if not waited:
                 break
-            now = time.monotonic()
-            until = min(min(self._until(r, start, timeout) for r in waited), now + SLICE * timeout)
-            if self.inbox.wait(waited, until - now):
+            now, left = time.monotonic(), min([timeout, *(self.quiet[r] for r in self.quiet.keys() & waited)])
+            if self.inbox.wait(waited, min(start + left, now + SLICE * timeout) - now):
                 self._route_all(self.inbox.take(waited), identity, block)
             else:
                 self._read_ahead(range(1, self.world_size), identity, block, QUEUE, True)
@@ -213,7 +208,7 @@ class Collector:
     def _emit_alone(self, rank: int, identity: Identity, record: logging.LogRecord) -> None:
         if SETTINGS.collapse():
             record.ranks = [rank]
-        self._hand_over(rank, identity, record)
+        self._hand_over(rank, identity, record, None)
 
     def _emit_block(self, block: Block, identity: Identity) -> None:
         """Emit a block in rank order; with collapse on, identical records once, each with its `ranks`."""
@@ -223,14 +218,17 @@ class Collector:
                 lines = [(getattr(line, "ranks", [0])[0], line) for line in collapse.collapse(lines)]
             except Exception as exc:  # grouping must not cost the block: it goes out per rank
                 warn_every(f"in_order call at {describe(identity)}: its records could not be collapsed: {exc!r}")
+        loggers: dict[str, logging.Logger] = {}  # one `getLogger` a name a block
         for rank, record in lines:
-            self._hand_over(rank, identity, record)
+            name = record.name
+            logger = loggers.get(name) or loggers.setdefault(name, logging.getLogger(None if name == "root" else name))
+            self._hand_over(rank, identity, record, logger)
 
     @staticmethod
-    def _hand_over(rank: int, identity: Identity, record: logging.LogRecord) -> None:
+    def _hand_over(rank: int, identity: Identity, record: logging.LogRecord, logger: Optional[logging.Logger]) -> None:
         """One record to the main process's handlers; a handler that raises loses only this one, said."""
         try:
-            records.emit(record)
+            records.emit(record, logger)
         except Exception as exc:
             warn_every(
                 CallWarning(

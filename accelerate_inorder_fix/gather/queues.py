@@ -177,20 +177,24 @@ class Inbox:
 
     def take(self, ranks: list[int]) -> list[tuple[int, Optional[bytes]]]:
         """The next record of each rank in `ranks` (each there), `(rank, payload)`; None for a closed queue."""
-        entries: list[tuple[int, Optional[bytes], list[str]]] = []  # (rank, first chunk, keys of the rest)
+        taken: list[tuple[int, Optional[bytes]]] = []
+        rest: list[tuple[int, list[str]]] = []  # (place in `taken`, keys of the rest of a record over CHUNK)
         for rank, head in zip(ranks, get_many(self.store, self.heads(ranks))):
             if head == CLOSED:
                 self._end(rank)
-                entries.append((rank, None, []))
+                taken.append((rank, None))
                 continue
             count, _, first = head.partition(b"\n")
             parts = int(count) if count.isdigit() else 1
-            entries.append((rank, first, [record_key(rank, self.next[rank], i) for i in range(1, parts)]))
+            if parts > 1:
+                rest.append((len(taken), [record_key(rank, self.next[rank], i) for i in range(1, parts)]))
+            taken.append((rank, first))
             self._advance(rank, parts)
-        chunks = iter(get_many(self.store, [key for _, _, rest in entries for key in rest]))
-        return [
-            (r, None if first is None else first + b"".join(next(chunks) for _ in rest)) for r, first, rest in entries
-        ]
+        chunks = iter(get_many(self.store, [key for _, keys in rest for key in keys]))
+        for place, keys in rest:
+            rank, start = taken[place]
+            taken[place] = (rank, b"".join([start or b"", *(next(chunks) for _ in keys)]))
+        return taken
 
     def _advance(self, rank: int, parts: int) -> None:
         held = self.parts[rank]

@@ -3,10 +3,10 @@
 A rank's record is made by its real `Logger.log` call (`_call.log_for_this_call`), so level, filters,
 caller, `extra`, `exc_info` and record factories behave as on the barrier path; the message is then
 rendered and tagged (`[RANK n] `, led by `[host] ` on several hosts; before accelerate 1.13 the tag is
-ours, added whatever the user's text begins with). On the wire the record is its
-attributes as a JSON object, never code: the store has no authentication, so the main process checks
-what it reads and refuses anything else (`MalformedRecord`). A record over `MAX_RECORD` bytes is cut,
-largest values first, and says so (`... [truncated 3.1 MB]`).
+ours, added whatever the user's text begins with). On the wire the record is its attributes as JSON,
+never code (those every record has by place, `FIELDS`): the store has no authentication, so the main
+process checks what it reads and refuses anything else (`MalformedRecord`). A record over `MAX_RECORD`
+bytes is cut, largest values first, and says so (`... [truncated 3.1 MB]`).
 """
 
 from __future__ import annotations
@@ -21,20 +21,21 @@ from .._callsite import Identity
 from .._origin import RANK_TAG, Origin
 
 
-VERSION = 4
+VERSION = 5
+FIELDS = (
+    "name", "msg", "levelname", "levelno", "pathname", "filename", "module", "exc_text", "stack_info", "lineno", "funcName",
+    "created", "msecs", "relativeCreated", "thread", "threadName", "processName", "process", "rank", "hostname",
+)  # fmt: skip
+_BY_PLACE = frozenset(FIELDS)
 MAX_RECORD = 4 * 1024 * 1024  # a record's bytes on the wire; past them it is cut (`shrink`)
 SMALL = 256  # a value this short on the wire is never cut
 _NOT_SENT = frozenset({"args", "exc_info", "message"})  # the message and traceback travel rendered
 _RESERVED = frozenset(dir(logging.LogRecord))  # methods and dunders: never set from the wire
-_KINDS = {
-    "name": (str,),
-    "levelno": (int,),
-    "msg": (str,),
-    "exc_text": (str, type(None)),
-    "stack_info": (str, type(None)),
-    "args": (type(None),),
-    "exc_info": (type(None),),
-}
+_KINDS = {  # what the main process relies on, with the types it needs
+    "name": (str,), "levelno": (int,), "msg": (str,), "exc_text": (str, type(None)), "stack_info": (str, type(None)),
+    "args": (type(None),), "exc_info": (type(None),), "rank": (int,), "hostname": (str,),
+}  # fmt: skip
+_PARSE = json.JSONDecoder().raw_decode  # `json.loads` without its look at the bytes' encoding: the wire is ASCII
 _TRACEBACKS = logging.Formatter()
 
 
@@ -98,64 +99,85 @@ def _data(value: Any) -> Any:
         return _repr(value)
 
 
+def _attributes(record: logging.LogRecord) -> dict[str, Any]:
+    """What of `record` travels: its attributes, the message rendered, the traceback as text, a tuple as its repr."""
+    attributes = {k: v for k, v in vars(record).items() if k not in _NOT_SENT}
+    attributes.update(name=str(record.name), levelno=int(record.levelno), msg=message(record))
+    if record.exc_info and not record.exc_text:
+        attributes["exc_text"] = _TRACEBACKS.formatException(record.exc_info)
+    for key, value in attributes.items():  # json would write a tuple as a list: it travels as its repr
+        if isinstance(value, tuple):
+            attributes[key] = _repr(value)
+    for key in ("exc_text", "stack_info"):  # whatever a record factory put there, the main process gets text
+        if not isinstance(attributes.get(key), (str, type(None))):
+            attributes[key] = _repr(attributes[key])
+    return attributes
+
+
+def _wire(identity: Identity, attributes: Optional[dict[str, Any]]) -> bytes:
+    """`[VERSION, site, count, FIELDS' values or null, {the other attributes}]` as bytes (docs/gather-mode.md)."""
+    site, count = identity
+    if attributes is None:
+        return _dumps([VERSION, list(site), count, None, {}])
+    others = {} if attributes.keys() <= _BY_PLACE else {k: v for k, v in attributes.items() if k not in _BY_PLACE}
+    return _dumps([VERSION, list(site), count, list(map(attributes.get, FIELDS)), others])
+
+
 def encode(identity: Identity, record: Optional[logging.LogRecord]) -> tuple[bytes, int]:
     """`(bytes on the wire, size before a cut)`: the call's identity and the record (None: no record to print).
+
+    A record whose message is longer than the cut is cut without being written whole first.
 
     Args:
         identity: `((file, function, line), count)`. record: as `capture` made it.
     """
-    site, count = identity
-    attributes = None
-    if record is not None:
-        attributes = {k: v for k, v in vars(record).items() if k not in _NOT_SENT}
-        attributes.update(name=str(record.name), levelno=int(record.levelno), msg=message(record))
-        if record.exc_info and not record.exc_text:
-            attributes["exc_text"] = _TRACEBACKS.formatException(record.exc_info)
-        for key, value in attributes.items():  # json would write a tuple as a list: it travels as its repr
-            if isinstance(value, tuple):
-                attributes[key] = _repr(value)
-        for key in ("exc_text", "stack_info"):  # whatever a record factory put there, the main process gets text
-            if not isinstance(attributes.get(key), (str, type(None))):
-                attributes[key] = _repr(attributes[key])
-    document = {"v": VERSION, "site": list(site), "count": count, "record": attributes}
-    try:
-        payload = _dumps(document)
-    except (ValueError, TypeError, RecursionError):
-        document["record"] = {k: _data(v) for k, v in (attributes or {}).items()}
-        payload = _dumps(document)
-    if len(payload) <= MAX_RECORD:
-        return payload, len(payload)
-    return shrink(document, len(payload)), len(payload)
+    attributes = None if record is None else _attributes(record)
+    if attributes is None or len(attributes["msg"]) <= MAX_RECORD:
+        try:
+            payload = _wire(identity, attributes)
+            if len(payload) <= MAX_RECORD or attributes is None:
+                return payload, len(payload)
+        except (ValueError, TypeError, RecursionError):  # a cycle, a non-str key, an int too long: `shrink` mends it
+            pass
+    return shrink(identity, attributes or {})
 
 
-def shrink(document: dict[str, Any], size: int, limit: int = MAX_RECORD) -> bytes:
-    """`document` with its record's largest values cut until it takes at most `limit` bytes; those bytes.
+def _size(value: Any) -> int:
+    """`len(_dumps(value))`; a text longer than the cut, as its UTF-8 bytes and quotes (at most that: it is cut anyway)."""
+    if type(value) is str and len(value) > MAX_RECORD:
+        return len(value.encode("utf-8", "surrogatepass")) + 2
+    return len(_dumps(value))
 
-    A text ends with `... [truncated 12.3 MB]`; other data becomes a note. Name, level, rank and host stay.
+
+def shrink(identity: Identity, attributes: dict[str, Any], limit: int = MAX_RECORD) -> tuple[bytes, int]:
+    """`(bytes, size before the cut)`: the record with its largest values cut (in `attributes`) until it takes
+    at most `limit` bytes. A text ends with `... [truncated 12.3 MB]`; other data becomes a note, data json
+    cannot write its repr. Name, level, rank and host stay.
     """
-    attributes = document["record"]
-    sizes = {k: len(_dumps(v)) for k, v in attributes.items() if k not in ("name", "levelno", "rank", "hostname")}
+    attributes.update({k: _data(v) for k, v in attributes.items() if type(v) is not str})
+    sizes = {k: _size(v) for k, v in attributes.items() if k not in ("name", "levelno", "rank", "hostname")}
+    size = first = len(_wire(identity, {**attributes, **dict.fromkeys(sizes)})) + sum(sizes.values()) - 4 * len(sizes)
     for name in sorted(sizes, key=sizes.__getitem__, reverse=True):
         if size <= limit or sizes[name] <= SMALL:
             break
-        value = attributes[name]
+        value, others = attributes[name], size - sizes[name]
         if isinstance(value, str):
-            attributes[name] = _cut(value, max(SMALL, sizes[name] - (size - limit)))
+            attributes[name] = _cut(value, max(SMALL, limit - others))
         else:
             attributes[name] = f"<{type(value).__qualname__} value of {size_text(sizes[name])} not sent: too large>"
-        size += len(_dumps(attributes[name])) - sizes[name]
+        size = others + _size(attributes[name])
     if size > limit:  # thousands of small attributes: only what the main process needs is kept
-        kept = {k: attributes[k] for k in ("name", "levelno", "rank", "hostname") if k in attributes}
+        kept: dict[str, Any] = {k: attributes[k] for k in ("name", "levelno", "rank", "hostname") if k in attributes}
         kept["msg"] = _cut(str(attributes.get("msg", "")), SMALL) + " (its other attributes were not sent: too large)"
-        document["record"] = kept
-    payload = _dumps(document)
-    return payload if len(payload) <= limit else shrink(document, len(payload), limit)
+        attributes = kept
+    payload = _wire(identity, attributes)
+    return (payload if len(payload) <= limit else shrink(identity, attributes, limit)[0]), first
 
 
 def _cut(text: str, budget: int) -> str:
     """`text` cut to take at most `budget` bytes as JSON with its marker, which says how much went."""
-    room = max(0, budget - 40)
-    keep = min(len(text), room)
+    room = max(2, budget - 40)
+    keep = min(len(text), room - 2)  # its quotes
     while keep > 0:
         size = len(_dumps(text[:keep]))
         if size <= room:
@@ -173,36 +195,43 @@ def size_text(size: int) -> str:
 def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecord]]:
     """`(identity, record or None)` from `encode`'s bytes read from `rank`'s queue; `MalformedRecord` otherwise.
 
-    Only JSON is parsed; the record must say it is `rank`'s, name its host, and hold what the main
-    process relies on (name, level, message, traceback text) with their types.
+    Only JSON is parsed (ASCII, as `encode` writes it); the record must say it is `rank`'s, name its
+    host, and hold what the main process relies on (name, level, message, traceback text) with their types.
     """
     try:
-        document = json.loads(payload)
-    except (ValueError, RecursionError) as exc:
+        text = payload.decode("ascii")
+        document, end = _PARSE(text)
+        if end != len(text):
+            raise ValueError("more after it")
+    except (ValueError, RecursionError, AttributeError) as exc:
         raise MalformedRecord(f"{len(payload)} bytes that are not JSON ({type(exc).__name__})") from None
     try:
-        site, count, attributes = document["site"], document["count"], document["record"]
-        if document["v"] != VERSION or type(count) is not int or [type(x) for x in site] != [str, str, int]:
-            raise ValueError("not this version's identity")
-    except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        version, site, count, values, others = document
+        if type(version) is not int or version != VERSION or type(count) is not int:
+            raise ValueError("another version")
+        if tuple(map(type, site)) != (str, str, int):
+            raise ValueError("its call site is not (file, function, line)")
+    except (ValueError, TypeError) as exc:
         raise MalformedRecord(f"not a version-{VERSION} record of accelerate-inorder-fix ({exc})") from None
     identity: Identity = ((site[0], site[1], site[2]), count)
-    if attributes is None:
+    if values is None:
         return identity, None
-    if type(attributes) is not dict:
-        raise MalformedRecord("its record is not an object")
+    if type(values) is not list or len(values) != len(FIELDS) or type(others) is not dict:
+        raise MalformedRecord(f"its record is not {len(FIELDS)} values and an object")
+    attributes = dict(zip(FIELDS, values))
+    if others:
+        attributes.update({k: others[k] for k in others.keys() - _RESERVED})
     for key, kinds in _KINDS.items():
         if type(attributes.get(key)) not in kinds:
             raise MalformedRecord(f"its record's {key!r} is not a {kinds[0].__name__}")
-    if attributes.get("rank") != rank or type(attributes.get("rank")) is not int:
-        raise MalformedRecord(f"its record's 'rank' is {_repr(attributes.get('rank'))}, not the rank of its queue")
-    if type(attributes.get("hostname")) is not str:
-        raise MalformedRecord("its record's 'hostname' is not a str")
+    if attributes["rank"] != rank:
+        raise MalformedRecord(f"its record's 'rank' is {_repr(attributes['rank'])}, not the rank of its queue")
+    attributes["args"] = attributes["exc_info"] = None
     record = logging.LogRecord.__new__(logging.LogRecord)
-    record.__dict__.update({k: v for k, v in attributes.items() if k not in _RESERVED}, args=None, exc_info=None)
+    record.__dict__ = attributes
     return identity, record
 
 
-def emit(record: logging.LogRecord) -> None:
-    """Hand a record to the main process's handlers for its logger (its level was decided on its rank)."""
-    logging.getLogger(None if record.name == "root" else record.name).callHandlers(record)
+def emit(record: logging.LogRecord, logger: Optional[logging.Logger] = None) -> None:
+    """Hand a record to the handlers of its logger (`logger`, if the caller has it) here; its level was decided on its rank."""
+    (logger or logging.getLogger(None if record.name == "root" else record.name)).callHandlers(record)

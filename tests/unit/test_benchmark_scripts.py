@@ -63,6 +63,14 @@ def test_bench_scale_delivers_every_record_and_leaves_no_key_at_three_ranks(tmp_
     assert _table(again.lines, "| ranks |") == rows
 
 
+def test_bench_cut_prints_a_row_per_record_each_cut_to_the_limit_on_both_sides():
+    job = _run("bench_cut.py", "--rounds", "1")
+    rows = _table(job.lines, "| record |")
+    assert [row[0] for row in rows] == ["mb1", "mb9", "mb20", "emoji"], rows
+    for name, *_, sent in rows[1:]:  # the cut records: at most the limit on the wire, on either side
+        assert all(int(size) <= 4 * 1024 * 1024 for size in sent.split(" / ")), (name, sent)
+
+
 def test_bench_records_prints_a_row_per_record_kind(tmp_path):
     out = tmp_path / "records.json"
     job = _run("bench_records.py", "--records", "100", "--rounds", "1", "--json", str(out))

@@ -256,7 +256,7 @@ def _valid():
     return to_bytes(IDENTITY, _record())
 
 
-PLACES = {"v": "v", "call": "site", "count": "count", "record": "record"}  # a payload is a JSON object
+PLACES = {"v": 0, "call": 1, "count": 2, "record": 3}  # a payload is a JSON list
 
 
 def _document(**changes):
@@ -269,7 +269,11 @@ def _document(**changes):
 def _with_record(**changes):
     """A valid payload with record attributes changed."""
     document = json.loads(_valid())
-    document["record"].update(changes)
+    for name, value in changes.items():
+        if name in records.FIELDS:
+            document[3][records.FIELDS.index(name)] = value
+        else:
+            document[4][name] = value
     return json.dumps(document).encode()
 
 
