@@ -605,6 +605,18 @@ def _no_fresh_retry(self: gather_side.GatherSide, outbox: queues.Outbox, payload
     return outbox.post(payload)
 
 
+_missed = collector_module.Collector._missed
+
+
+def _quiet_forgotten(
+    self: collector_module.Collector, identity: Any, block: Any, timeout: float, waited: float
+) -> None:
+    """A quiet rank is never remembered as quiet: each call waits for it a whole T again."""
+    _missed(self, identity, block, timeout, waited)
+    self.quiet.clear()
+    self.skipped.clear()
+
+
 def _emit_reversed(self: collector_module.Collector, block: dict[int, Any], identity: Any) -> None:
     for rank in sorted(block, reverse=True):
         _EMIT_BLOCK(self, {rank: block[rank]}, identity)
@@ -641,7 +653,7 @@ MUTATIONS: dict[str, tuple[Any, str, Any]] = {
     "call-at-once-not-numbered": (session_module.InOrderSession, "call", _uncounted),
     "waiting-site-not-noted": (gather_side.GatherSide, "call", _site_not_noted),
     "fresh-retry-removed": (gather_side.GatherSide, "_send", _no_fresh_retry),
-    "quiet-rank-waited-in-full": (collector_module.Collector, "_until", lambda self, r, start, t: start + t),
+    "quiet-rank-waited-in-full": (collector_module.Collector, "_missed", _quiet_forgotten),
     "block-in-reverse": (collector_module.Collector, "_emit_block", _emit_reversed),
     "exit-without-seal": (queues.Inbox, "seal", lambda self, rank: []),
 }
