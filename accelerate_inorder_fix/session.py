@@ -101,7 +101,6 @@ class InOrderSession:
         """
         if state.num_processes <= 1 or not self.member or self._closed:
             return None
-        self._check_setting(state, settings)
         group = self._default_group()
         with self._lock:
             if group is None:
@@ -110,7 +109,9 @@ class InOrderSession:
                 self._end()
             if self._side is None:
                 self._open(group, state, settings, timeout)
-            return self._side
+            side = self._side
+        self._check_setting(state, settings)
+        return side
 
     def started(self) -> None:
         """The default process group is up (`init_process_group` returned): the main process opens its session
@@ -180,8 +181,9 @@ class InOrderSession:
         return word
 
     def _check_setting(self, state: Any, settings: Settings) -> None:
-        """A mode set after the job's was fixed: said once, not taken. Collapse in barrier mode: said once a host."""
-        if self._mode == "barrier" and settings.collapse() and speaks_for_host():
+        """A mode set after the job's was fixed: said once, not taken. Collapse in barrier mode: said once a host
+        (read at every call, so that a bad value of it is said on every host as the others are)."""
+        if settings.collapse() and self._mode == "barrier" and speaks_for_host():
             warn_once(
                 f"collapse ({COLLAPSE_ENV} or configure(collapse=True)) applies to gather mode only; "
                 "in barrier mode each rank prints its own records",
