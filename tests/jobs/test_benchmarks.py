@@ -3,7 +3,7 @@
 Figures come from benchmarks, never from tests: this only shows that `bench_cpu.py` and `bench_ab.py`
 run end to end on 2 real ranks (torchrun, CPU gloo) and measured each variant, and that
 `bench_startup.py` builds its venv and times both sides, each under a hard timeout. The scripts that
-launch no ranks are smoke-tested in tests/unit/test_benchmark_scripts.py.
+launch no ranks are smoke-tested in tests/jobs/test_benchmark_scripts.py.
 """
 
 import re

@@ -3,7 +3,8 @@
 A smoke test each (seconds, never figures: those come from the benchmarks themselves): the script as a
 user runs it, in a process of its own under `launch.run` (its whole tree killed at the deadline),
 exit code 0 and the shape of what it prints. The scripts that launch ranks or build a wheel are
-smoke-tested in tests/jobs/test_benchmarks.py.
+smoke-tested in tests/jobs/test_benchmarks.py. Both need an accelerate release (the job tier's set-up),
+so neither is in the unit tier.
 """
 
 import json
