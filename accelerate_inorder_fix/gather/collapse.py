@@ -1,14 +1,8 @@
 """Collapse (`ACCELERATE_INORDER_COLLAPSE=1`): one line for the ranks of a call that said the same thing.
 
-A call's records, in rank order, are grouped by what a reader sees of them: logger, level, the message
-as formatted without its rank tag, the traceback and stack text, and the host tag (so a job over several
-hosts gets one line per host and text). Each group prints once, at the place of its first rank, its tag
-naming every rank in it (`_origin.span_tag`: `[RANK 0-3,6] `); a group of one prints as it is. The text
-is compared exactly: unlike log deduplication that rewrites numbers, a per-rank number is what in_order
-is for, so `loss 0.31` and `loss 0.32` stay two lines.
-
-A record whose message does not start with its own rank's tag (a record factory or filter changed it)
-is never grouped: it prints as it came.
+A call's records are grouped by logger, level, host tag, text without its rank tag, traceback and stack,
+compared exactly; a group prints once, at its first rank's place, tagged with all its ranks
+(`_origin.span_tag`). A record not tagged with its own rank is never grouped. Rules: docs/gather-mode.md.
 """
 
 from __future__ import annotations

@@ -34,14 +34,7 @@ def describe(identity: Identity) -> str:
 
 
 class Collector:
-    """The main process's blocks.
-
-    State, bounded by call sites and ranks: `pending` (records of calls the main process has not made),
-    `made` (its last call per site), `absent` (ranks that skipped a site while heard from: not waited
-    for there), `quiet` (ranks heard from by no call since they missed one: seconds of wait left for them),
-    `kept_since`/`others_only` (sites only the other ranks call from), `wanted` (sites where a call of the
-    main process waits for another thread's: never others-only), `skipped` (where each quiet rank went
-    quiet: absent there once it is on time at another site).
+    """The main process's blocks; its state is bounded by call sites and ranks.
 
     Args:
         inbox: the queues. world_size: ranks in the job.
@@ -49,15 +42,15 @@ class Collector:
 
     def __init__(self, inbox: Inbox, world_size: int) -> None:
         self.inbox, self.world_size = inbox, world_size
-        self.pending: dict[Identity, Block] = {}
-        self.made: dict[Site, int] = {}
-        self.absent: dict[Site, set[int]] = {}
-        self.quiet: dict[int, float] = {}
-        self.kept_since: dict[Site, float] = {}
+        self.pending: dict[Identity, Block] = {}  # records of calls the main process has not made
+        self.made: dict[Site, int] = {}  # its last call per site
+        self.absent: dict[Site, set[int]] = {}  # ranks that skipped a site while heard from: not waited for there
+        self.quiet: dict[int, float] = {}  # ranks heard from by no call since they missed one: wait left for them
+        self.kept_since: dict[Site, float] = {}  # with `others_only`: sites only the other ranks call from
         self.others_only: set[Site] = set()
-        self.heard: set[int] = set()
-        self.wanted: collections.Counter[Site] = collections.Counter()
-        self.skipped: dict[int, Site] = {}
+        self.heard: set[int] = set()  # ranks read from during the current call
+        self.wanted: collections.Counter[Site] = collections.Counter()  # a main call waits there: never others-only
+        self.skipped: dict[int, Site] = {}  # where a quiet rank went quiet: absent there once on time elsewhere
 
     def emit_call(self, identity: Identity, own: Optional[logging.LogRecord], timeout: float) -> None:
         """The main process's call `identity` (`own`: its record): collect the block, emit it, say who missed it."""
@@ -154,7 +147,7 @@ class Collector:
             if self.skipped.get(rank) == site:  # it made the call it went quiet at, late
                 del self.skipped[rank]
             if record is not None:
-                self._emit_alone(rank, identity, record)
+                self._emit_block({rank: record}, identity)  # on its own (with collapse on, `ranks` [rank])
         else:
             self.pending.setdefault(identity, {})[rank] = record
             self.kept_since.setdefault(site, float("inf"))  # timed from the end of this call
@@ -205,11 +198,6 @@ class Collector:
                     )
                 )
 
-    def _emit_alone(self, rank: int, identity: Identity, record: logging.LogRecord) -> None:
-        if SETTINGS.collapse():
-            record.ranks = [rank]
-        self._hand_over(rank, identity, record, None)
-
     def _emit_block(self, block: Block, identity: Identity) -> None:
         """Emit a block in rank order; with collapse on, identical records once, each with its `ranks`."""
         lines = [(r, record) for r, record in sorted(block.items()) if record is not None]
@@ -222,23 +210,18 @@ class Collector:
         for rank, record in lines:
             name = record.name
             logger = loggers.get(name) or loggers.setdefault(name, logging.getLogger(None if name == "root" else name))
-            self._hand_over(rank, identity, record, logger)
-
-    @staticmethod
-    def _hand_over(rank: int, identity: Identity, record: logging.LogRecord, logger: Optional[logging.Logger]) -> None:
-        """One record to the main process's handlers; a handler that raises loses only this one, said."""
-        try:
-            records.emit(record, logger)
-        except Exception as exc:
-            warn_every(
-                CallWarning(
-                    describe(identity),
-                    (rank,),
-                    f"'s record reached only the main process's handlers before the one that raised ({exc!r})",
-                    0,
-                    "the block's other records are not affected",
+            try:  # its level was decided on its rank; a handler that raises loses only this record, said
+                logger.callHandlers(record)
+            except Exception as exc:
+                warn_every(
+                    CallWarning(
+                        describe(identity),
+                        (rank,),
+                        f"'s record reached only the main process's handlers before the one that raised ({exc!r})",
+                        0,
+                        "the block's other records are not affected",
+                    )
                 )
-            )
 
     def flush(self) -> None:
         """At exit: seal every queue, taking what was posted before, and emit every record delivered but not emitted."""

@@ -10,8 +10,7 @@ protocol, step by step: docs/gather-mode.md.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator, Sequence
-from typing import Optional, TypeVar
+from typing import Optional
 
 from .. import bounds
 from ..store.connection import SHORTEST_WAIT, Store
@@ -26,7 +25,6 @@ ACK_EVERY = 16  # records read of a rank between two of its acks
 ACK_KEYS = QUEUE // ACK_EVERY + 2  # more acks than a rank can leave unread
 SEALED = b"\x00sealed"  # written by the main process at its exit where a rank's next record would go
 CLOSED = b"\x00closed"  # written by a rank at its exit where its next record would go
-T = TypeVar("T")
 
 
 def record_key(rank: int, n: int, part: int = 0) -> str:
@@ -35,11 +33,6 @@ def record_key(rank: int, n: int, part: int = 0) -> str:
 
 def ack_key(rank: int, j: int) -> str:
     return f"a/{rank}/{j}"
-
-
-def batches(items: Sequence[T], size: int = PER_REQUEST) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 def wait(store: Store, keys: list[str], seconds: float) -> bool:
@@ -60,14 +53,15 @@ def get_many(store: Store, keys: list[str]) -> list[bytes]:
     if not hasattr(store, "multi_get"):  # torch before 2.1
         return [bytes(store.get(key)) for key in keys]
     values: list[bytes] = []
-    for batch in batches(keys):
-        values += [bytes(v) for v in store.multi_get(list(batch))]
+    for start in range(0, len(keys), PER_REQUEST):
+        values += [bytes(v) for v in store.multi_get(keys[start : start + PER_REQUEST])]
     return values
 
 
 def set_many(store: Store, items: list[tuple[str, bytes]], size: int = PER_REQUEST) -> None:
     """Set each `(key, value)`, `size` a request (one `set` each where the store has no `multi_set`)."""
-    for batch in batches(items, size):
+    for start in range(0, len(items), size):
+        batch = items[start : start + size]
         if hasattr(store, "multi_set"):
             store.multi_set([k for k, _ in batch], [v for _, v in batch])
         else:  # torch before 2.1

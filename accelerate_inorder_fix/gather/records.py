@@ -232,6 +232,6 @@ def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRec
     return identity, record
 
 
-def emit(record: logging.LogRecord, logger: Optional[logging.Logger] = None) -> None:
-    """Hand a record to the handlers of its logger (`logger`, if the caller has it) here; its level was decided on its rank."""
-    (logger or logging.getLogger(None if record.name == "root" else record.name)).callHandlers(record)
+def emit(record: logging.LogRecord) -> None:
+    """Hand a record to the handlers of its logger here; its level was decided on its rank."""
+    logging.getLogger(None if record.name == "root" else record.name).callHandlers(record)

@@ -129,10 +129,8 @@ class GatherSide:
         print_here(record, self._rank)
 
     def _send(self, outbox: Outbox, payload: bytes) -> bool:
-        """`outbox.post`; if it raises, the same post once more on a fresh client of this thread: its head's
-        `compare_set(key, "", head)` on the rank's own key answers whether the first one landed (the head is
-        there: it goes to the main process, not printed here too) or not (written now), or the seal. Without
-        a fresh client, or if that fails too, the first error stands and the rank prints the record."""
+        """`outbox.post`; if it raises, once more on a fresh client of this thread (its head's `compare_set`
+        says whether the first landed: docs/gather-mode.md); if that fails too, the first error stands."""
         try:
             return outbox.post(payload)
         except Exception as exc:
