@@ -206,12 +206,9 @@ class Collector:
                 lines = [(getattr(line, "ranks", [0])[0], line) for line in collapse.collapse(lines)]
             except Exception as exc:  # grouping must not cost the block: it goes out per rank
                 warn_every(f"in_order call at {describe(identity)}: its records could not be collapsed: {exc!r}")
-        loggers: dict[str, logging.Logger] = {}  # one `getLogger` a name a block
         for rank, record in lines:
-            name = record.name
-            logger = loggers.get(name) or loggers.setdefault(name, logging.getLogger(None if name == "root" else name))
-            try:  # its level was decided on its rank; a handler that raises loses only this record, said
-                logger.callHandlers(record)
+            try:  # a handler that raises loses only this record, said
+                records.emit(record)
             except Exception as exc:
                 warn_every(
                     CallWarning(
