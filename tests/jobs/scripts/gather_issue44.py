@@ -2,8 +2,10 @@
 
 - `big <calls> <bytes> [ahead]`: every rank logs `calls` records of `bytes` bytes; with `ahead`, rank 1
   makes all its calls before the others start theirs.
-- `stop <calls> <seconds>`: calls paced 50 ms apart; rank 2 stops itself (SIGSTOP) for `seconds` at call
-  10 (a helper process resumes it). The main process reports its time spent in in_order calls.
+- `stop <steps> <step> <seconds> [<step> <seconds> ...]`: steps paced 50 ms apart, each an in_order call
+  at two sites; rank 2 stops itself (SIGSTOP) for `seconds` before each `step` given (a helper process
+  resumes it) and, after its last stop, makes its remaining (late) calls without pause. The main process
+  reports its time spent in in_order calls, and each step whose calls took over T / 4 (`@@WAIT`).
 - `late`: collapse on; rank 1 comes to call 2 late by 1.5 T; every record is formatted with `%(ranks)s`.
 - `tag`: every rank logs `[RANK 1] says hi` (collapse from the environment).
 - `losses <calls>`: the main process's handler raises on every record of rank 1.
@@ -67,15 +69,22 @@ def main():
         if "ahead" in args and index == 1:
             dist.barrier()
     elif scenario == "stop":
-        calls, seconds = int(args[0]), float(args[1])
-        for call in range(1, calls + 1):
-            if index == 2 and call == 10:
-                subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {os.getpid()}"])
+        steps, stops = int(args[0]), {int(at): float(seconds) for at, seconds in zip(args[1::2], args[2::2])}
+        for step in range(1, steps + 1):
+            if index == 2 and step in stops:
+                subprocess.Popen(["sh", "-c", f"sleep {stops[step]}; kill -CONT {os.getpid()}"])
                 os.kill(os.getpid(), signal.SIGSTOP)
             start = time.monotonic()
-            log.info(f"stop#{call} r{index}", in_order=True)
-            spent += time.monotonic() - start
-            time.sleep(0.05)
+            log.info(f"stop#{step}.1 r{index}", in_order=True)  # two call sites a step, as in a training loop
+            took = time.monotonic() - start
+            start = time.monotonic()
+            log.info(f"stop#{step}.2 r{index}", in_order=True)
+            took += time.monotonic() - start
+            spent += took
+            if index == 0 and took > 0.25 * timeout:
+                say(f"@@WAIT r0 step={step} took={took:.3f}")
+            if index != 2 or step < max(stops):  # after its last stop rank 2 makes its late calls unpaced
+                time.sleep(0.05)
     elif scenario == "late":
         accelerate_inorder_fix.configure(collapse=True)
         for call in range(1, 5):
