@@ -223,9 +223,8 @@ def test_console_script_points_at_main():
 
 
 def test_check_on_1_12_shows_the_deadlock_and_the_fix():
-    result = check_cli(
-        "--jobs", "3", version="1.12.0", timeout=600
-    )  # 9 jobs, 3 at a time: a deadlocked job only waits
+    # 9 jobs, 3 at a time: a deadlocked job only waits
+    result = check_cli("--jobs", "3", version="1.12.0", timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("accelerate 1.12.0 (log body of 0.30.1-1.12.x)")
     rows = table_rows(result.stdout)
