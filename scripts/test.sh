@@ -18,10 +18,8 @@ BIN=${AIF_VENV:-.venv}/bin
 # The oldest Python claimed (requires-python): the package, its tests and benchmarks use nothing newer.
 "$BIN/vermin" -t=3.9- --no-tips --violations --eval-annotations -q accelerate_inorder_fix tests benchmarks _accelerate_inorder_fix_startup.py
 "$BIN/mypy"  # strict, on the package ([tool.mypy] in pyproject.toml)
-# One file after another by default. AIF_TEST_WORKERS=2: two files at a time (a file's tests and module fixtures
-# stay together), about a quarter faster on 2 cores, but the load can push a job test past its time bound.
 status=0
-"$BIN/python" -m pytest -n "${AIF_TEST_WORKERS:-0}" --dist loadfile "$@" || status=$?
+"$BIN/python" -m pytest "$@" || status=$?
 if [ "$status" = 5 ]; then
   echo "scripts/test.sh: pytest collected no test from: ${*:-tests}" >&2
   exit 1
