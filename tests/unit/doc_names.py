@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import os
 import re
 from pathlib import Path
 
@@ -41,6 +42,20 @@ OTHER_FILES |= {"tests/test_logging.py", "accelerate_inorder_fix/b/"}  # acceler
 TOP_MODULES = ("_accelerate_inorder_fix_startup",)  # beside the package, at the top of site-packages
 
 
+def _repo_tree():
+    """Every file and folder of the repository, less git's, the caches and the venvs (not the project's files)."""
+    for folder, subfolders, files in os.walk(REPO):
+        here = Path(folder)
+        subfolders[:] = [
+            name
+            for name in subfolders
+            if name not in {".git", ".cache"}
+            and not name.endswith("_cache")
+            and not (here / name / "pyvenv.cfg").exists()
+        ]
+        yield from (here / name for name in [*subfolders, *files])
+
+
 class Index:
     """The package's modules, their top-level names, each class's members, read with `ast`."""
 
@@ -54,8 +69,9 @@ class Index:
             self._read(dotted, ast.parse(path.read_text()))
         for name in TOP_MODULES:
             self._read(name, ast.parse((REPO / f"{name}.py").read_text()))
-        self.files = {p.name for p in REPO.rglob("*") if ".cache" not in p.parts and ".git" not in p.parts}
-        self.paths = {str(p.relative_to(REPO)) for p in REPO.rglob("*") if ".cache" not in p.parts}
+        tree = list(_repo_tree())
+        self.files = {p.name for p in tree}
+        self.paths = {str(p.relative_to(REPO)) for p in tree}
 
     def _read(self, dotted: str, tree: ast.Module) -> None:
         names = self.names.setdefault(dotted, set())

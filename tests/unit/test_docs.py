@@ -442,8 +442,13 @@ def _named_sources():
     return pages + package
 
 
-def test_every_backticked_name_of_the_package_exists():
-    index = doc_names.Index()
+@pytest.fixture(scope="module")
+def index():
+    """The package's names, read once for the module's tests (nothing here changes the files it reads)."""
+    return doc_names.Index()
+
+
+def test_every_backticked_name_of_the_package_exists(index):
     wrong = []
     for path, texts, calls in _named_sources():
         if str(path.relative_to(REPO)) in KNOWN_STALE:
@@ -456,8 +461,7 @@ def test_every_backticked_name_of_the_package_exists():
     assert wrong == []
 
 
-def test_every_file_a_test_docstring_names_exists():
-    index = doc_names.Index()
+def test_every_file_a_test_docstring_names_exists(index):
     wrong = [
         f"{path.relative_to(REPO)}: `{span}`"
         for path in sorted((REPO / "tests").rglob("*.py"))
@@ -491,14 +495,13 @@ def test_every_file_a_test_docstring_names_exists():
         ("sources.RANK", False),
     ],
 )
-def test_the_name_checker_tells_a_name_that_exists_from_one_that_does_not(span, wrong):
-    assert (doc_names.Index().problem(span) is not None) == wrong
+def test_the_name_checker_tells_a_name_that_exists_from_one_that_does_not(index, span, wrong):
+    assert (index.problem(span) is not None) == wrong
 
 
-def test_the_name_checker_fails_a_docstring_that_names_a_missing_function(tmp_path):
+def test_the_name_checker_fails_a_docstring_that_names_a_missing_function(index, tmp_path):
     module = tmp_path / "stale.py"
     module.write_text('"""The turns go through `handoff.no_such_function_here`, then `handoff.Turns`."""\n')
-    index = doc_names.Index()
     found = [span for text in doc_names.docstrings(module) for span in doc_names.spans(text) if index.problem(span)]
     assert found == ["handoff.no_such_function_here"]
 
