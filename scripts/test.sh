@@ -18,10 +18,23 @@ BIN=${AIF_VENV:-.venv}/bin
 # The oldest Python claimed (requires-python): the package, its tests and benchmarks use nothing newer.
 "$BIN/vermin" -t=3.9- --no-tips --violations --eval-annotations -q accelerate_inorder_fix tests benchmarks _accelerate_inorder_fix_startup.py
 "$BIN/mypy"  # strict, on the package ([tool.mypy] in pyproject.toml)
-status=0
-"$BIN/python" -m pytest "$@" || status=$?
-if [ "$status" = 5 ]; then
-  echo "scripts/test.sh: pytest collected no test from: ${*:-tests}" >&2
-  exit 1
+# What the arguments name: one file after another. The whole suite: the files without a `timed` mark two at a
+# time (a job mostly waits: one file after another keeps one core of two busy), then the `timed` files, whose
+# jobs are held to bounds in units of T, one after another with nothing beside them.
+run() {
+  local status=0
+  "$BIN/python" -m pytest "$@" || status=$?
+  if [ "$status" = 5 ]; then
+    echo "scripts/test.sh: pytest collected no test from: $*" >&2
+    return 1
+  fi
+  return "$status"
+}
+if [ "$#" -gt 0 ]; then
+  run "$@"
+  exit
 fi
+status=0
+run -m "not timed" -n 2 --dist loadfile tests || status=$?
+run -m timed tests || status=$?
 exit "$status"

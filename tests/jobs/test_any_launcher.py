@@ -18,6 +18,9 @@ from conftest import REPO, SCRIPTS, accelerate_dir
 from accelerate_inorder_fix.cli import launch as _launch
 
 
+pytestmark = pytest.mark.timed
+
+
 SCRIPT = str(SCRIPTS / "any_launcher.py")
 T = 3.0
 BOUND = 60.0  # seconds a job may take in all (start-up of 2-3 interpreters with torch included)

@@ -22,6 +22,9 @@ from accelerate_inorder_fix import bounds
 from accelerate_inorder_fix.cli import launch as _launch
 
 
+pytestmark = pytest.mark.timed
+
+
 SCRIPT = str(SCRIPTS / "bound_ranks.py")
 T = 2.0
 MARGIN = 0.2 * T  # the machine's own time (2 shared cores) beyond a documented bound

@@ -20,6 +20,9 @@ from accelerate_inorder_fix._diagnostics import WAY_OUT
 from accelerate_inorder_fix.cli import launch as _launch
 
 
+pytestmark = pytest.mark.timed
+
+
 SCRIPT = str(SCRIPTS / "partial_calls.py")
 NPROC = 4
 TIMEOUT = 3.0

@@ -25,6 +25,9 @@ from accelerate_inorder_fix.cli import launch as _launch
 from accelerate_inorder_fix.gather.collector import SLICE
 
 
+pytestmark = pytest.mark.timed
+
+
 C10D = "[c10d] waitForInput"
 WAIT = """
 import datetime, sys, threading, torch.distributed as dist

@@ -24,6 +24,9 @@ from accelerate_inorder_fix import bounds
 from accelerate_inorder_fix.cli import launch as _launch
 
 
+pytestmark = pytest.mark.timed
+
+
 SCRIPT = str(SCRIPTS / "promise_ranks.py")
 T = 5.0  # the killed rank's case: seconds of ACCELERATE_INORDER_TIMEOUT
 MARGIN = 5.0  # seconds for start-up skew and a loaded machine

@@ -17,6 +17,9 @@ from conftest import REPO, SCRIPTS, accelerate_dir, run_python, two_nodes
 from accelerate_inorder_fix.cli import launch as _launch
 
 
+pytestmark = pytest.mark.timed
+
+
 SCRIPT = str(SCRIPTS / "fault_ranks.py")
 NPROC = 4
 TIMEOUT = 2.0  # the main process's ACCELERATE_INORDER_TIMEOUT in the gather jobs

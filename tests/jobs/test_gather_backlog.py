@@ -28,6 +28,9 @@ from accelerate_inorder_fix.cli import launch as _launch
 from accelerate_inorder_fix.gather import queues
 
 
+pytestmark = pytest.mark.timed
+
+
 SCRIPT = SCRIPTS / "backlog.py"
 TIMEOUT = 3.0
 RANKS = 3

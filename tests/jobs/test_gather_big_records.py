@@ -12,10 +12,14 @@ main process's own too (before, that one was lost to Python's `--- Logging error
 
 import re
 
+import pytest
 from conftest import REPO, SCRIPTS, accelerate_dir
 
 from accelerate_inorder_fix.cli import launch as _launch
 from accelerate_inorder_fix.gather import records
+
+
+pytestmark = pytest.mark.timed
 
 
 SCRIPT = SCRIPTS / "big_records.py"

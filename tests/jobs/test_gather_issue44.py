@@ -21,6 +21,9 @@ from conftest import REPO, SCRIPTS, accelerate_dir
 from accelerate_inorder_fix.cli import launch as _launch
 
 
+pytestmark = pytest.mark.timed
+
+
 SCRIPT = SCRIPTS / "gather_issue44.py"
 TIMEOUT = 2.0
 

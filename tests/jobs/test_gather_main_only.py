@@ -12,10 +12,14 @@ and 5 steps without a collective (`free5`). Before this was fixed each main-only
 
 import re
 
+import pytest
 from conftest import REPO, SCRIPTS, accelerate_dir
 
 from accelerate_inorder_fix._diagnostics import WAY_OUT
 from accelerate_inorder_fix.cli import launch as _launch
+
+
+pytestmark = pytest.mark.timed
 
 
 SCRIPT = SCRIPTS / "main_only_loop.py"

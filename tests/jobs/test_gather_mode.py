@@ -24,6 +24,9 @@ sys.path.insert(0, str(SCRIPTS))
 import fault_scenarios  # noqa: E402  (tests/jobs/scripts: the fault scenarios, for the tests only)
 
 
+pytestmark = pytest.mark.timed
+
+
 FAULT_TIMEOUT = 3.0  # ACCELERATE_INORDER_TIMEOUT in the fault jobs: short, so the tests are too
 # ACCELERATE_INORDER_TIMEOUT in the jobs where every rank calls: a rank whose record or empty marker does not
 # come costs the main process this much, and `scenarios.check` fails on the warning naming it and on the slow call.

@@ -15,6 +15,9 @@ from conftest import REPO, SCRIPTS, accelerate_dir
 from accelerate_inorder_fix.cli import launch as _launch
 
 
+pytestmark = pytest.mark.timed
+
+
 SCRIPT = str(SCRIPTS / "handoff_death.py")
 NPROC = 4
 TIMEOUT = 3.0

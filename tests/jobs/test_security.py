@@ -13,9 +13,13 @@ import os
 import pickle
 import re
 
+import pytest
 from conftest import REPO, SCRIPTS, accelerate_dir
 
 from accelerate_inorder_fix.cli import launch as _launch
+
+
+pytestmark = pytest.mark.timed
 
 
 NPROC = 4

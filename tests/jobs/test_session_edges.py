@@ -24,6 +24,9 @@ from conftest import REPO, SCRIPTS, accelerate_dir
 from accelerate_inorder_fix.cli import launch as _launch
 
 
+pytestmark = pytest.mark.timed
+
+
 SCRIPT = str(SCRIPTS / "session_edges.py")
 NPROC = 3
 T = 2.0
