@@ -256,9 +256,12 @@ def test_configure_mode_after_the_first_call_is_said_once_on_every_rank_and_not_
 
 def test_partial_call_hangs_without_the_check_in():
     """The check-in taken out (`AIF_NO_CHECKIN=1`: partial_calls.py replaces it by plain barriers, as before
-    it existed): the main-only call deadlocks. The job is silent until killed."""
-    job = torchrun(["main_only_hidden"], env_for("1.15.0", AIF_NO_CHECKIN="1"), timeout=45.0)
-    assert job.killed is not None, job
+    it existed): the main-only call deadlocks. Every rank starts, then the job stops printing and is killed for
+    its silence (with the check-in, the case prints at least once every `MAIN_ONLY` T: far below the stall)."""
+    cmd = _launch.launch_command([SCRIPT, "main_only_hidden"], NPROC)
+    job = _launch.run(cmd, env=env_for("1.15.0", AIF_NO_CHECKIN="1"), timeout=90.0, stall=4 * TIMEOUT)
+    assert job.killed == "stall", job
+    assert sorted(line for line in job.lines if line.startswith("@@START")) == [f"@@START r{r}" for r in ALL], job
 
 
 def test_two_nodes_main_only_call(tmp_path):

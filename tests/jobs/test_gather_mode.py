@@ -24,10 +24,7 @@ sys.path.insert(0, str(SCRIPTS))
 import fault_scenarios  # noqa: E402  (tests/jobs/scripts: the fault scenarios, for the tests only)
 
 
-pytestmark = pytest.mark.timed
-
-
-FAULT_TIMEOUT = 3.0  # ACCELERATE_INORDER_TIMEOUT in the fault jobs: short, so the tests are too
+FAULT_TIMEOUT = 3.0  # ACCELERATE_INORDER_TIMEOUT in the fault jobs: short, so the tests are too (and `timed`)
 # ACCELERATE_INORDER_TIMEOUT in the jobs where every rank calls: a rank whose record or empty marker does not
 # come costs the main process this much, and `scenarios.check` fails on the warning naming it and on the slow call.
 CORE_TIMEOUT = 10.0
@@ -78,6 +75,7 @@ def _fault_job(name, mode, version="1.15.0", nproc=4, timeout=90, stall=20):
     )
 
 
+@pytest.mark.timed
 @pytest.mark.parametrize("version", ["0.21.0", "1.15.0"])
 def test_subset_call_warns_and_keeps_working(version):
     job = _fault_job("subset", "gather", version)
@@ -86,6 +84,7 @@ def test_subset_call_warns_and_keeps_working(version):
     assert_gather_ran(job, ["subset"])
 
 
+@pytest.mark.timed
 def test_subset_call_in_barrier_mode_costs_one_timeout_and_is_named():
     """The same job in barrier mode: the check-in gives up call 1 after the timeout (it deadlocked before
     the check-in: tests/jobs/test_barrier_checkin.py shows that), names rank 3, and call 2 is ordered."""
@@ -102,6 +101,7 @@ def test_subset_call_in_barrier_mode_costs_one_timeout_and_is_named():
     assert len(named) == 1 and "rank 3 did not make it" in named[0], job.stderr[-2000:]
 
 
+@pytest.mark.timed
 def test_rank_that_exits_early():
     job = _fault_job("early_exit", "gather")
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-2000:])
@@ -111,6 +111,7 @@ def test_rank_that_exits_early():
     assert_gather_ran(job, ["early_exit"])
 
 
+@pytest.mark.timed
 def test_rank_that_is_killed():
     env = _launch.scenario_env(True, "gather", _pythonpath("1.15.0"), dict(_fault_env(), AIF_CRASH="kill"))
     cmd = [sys.executable, str(SCRIPTS / "spawn_ranks.py"), "4", fault_scenarios.SCRIPT, "early_exit"]

@@ -367,6 +367,7 @@ def main(names):
     base.setLevel(logging.INFO)
     base.propagate = False
     rank = Rank(state, get_logger(LOGGER))
+    say(f"@@START r{rank.index}")  # a job silent from here on is a hung one (the test's stall)
     for name in names:
         CASES[name](rank)
         rank.result(name, "sum", rank.all_reduce_sum())
