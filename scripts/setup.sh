@@ -10,6 +10,15 @@ PY=$VENV/bin/python
 RELEASES=${AIF_RELEASES:-$(grep -v "^#" scripts/releases.txt | tr "\n" " ")}
 
 . scripts/install-torch.sh
+# A venv WITHOUT this package, for tests/jobs/test_upstream_patches.py: accelerate patched from source
+# (patches/) must be proven on its own, with no start-up hook and nothing importable from here. Its torch
+# goes in beside this venv's (about a minute each, one core each).
+UPSTREAM_VENV=${AIF_UPSTREAM_VENV:-.venv-upstream}
+UPY=$UPSTREAM_VENV/bin/python
+if [ "${AIF_SETUP_JOBS:-1}" != 0 ]; then
+  ( [ -x "$UPY" ] || python3 -m venv "$UPSTREAM_VENV"; install_torch "$UPY" ) &
+  upstream_torch=$!
+fi
 [ -x "$PY" ] || python3 -m venv "$VENV"
 install_torch "$PY"
 # Re-run every time: the editable install copies the start-up hook (.pth + module) into the venv, and
@@ -37,13 +46,9 @@ for v in $RELEASES; do
   "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: -d .cache/sdist "accelerate==$v"
 done
 
-# A venv WITHOUT this package, for tests/jobs/test_upstream_patches.py: accelerate patched from source
-# (patches/) must be proven on its own, with no start-up hook and nothing importable from here.
-# accelerate's own dependencies, not accelerate itself: the patched copy comes first on PYTHONPATH.
-UPSTREAM_VENV=${AIF_UPSTREAM_VENV:-.venv-upstream}
-UPY=$UPSTREAM_VENV/bin/python
-[ -x "$UPY" ] || python3 -m venv "$UPSTREAM_VENV"
-install_torch "$UPY"
+# The venv without this package: accelerate's own dependencies, not accelerate itself (the patched copy
+# comes first on PYTHONPATH).
+wait "$upstream_torch"
 # ruff: the pin of accelerate's `make quality` (setup.py, extras["quality"]), run on the patches.
 "$UPY" -m pip install -q --disable-pip-version-check pytest setuptools wheel ruff==0.13.1 \
   numpy packaging psutil pyyaml huggingface_hub safetensors
