@@ -7,7 +7,7 @@ The stack of an in_order call, innermost last (a plain call has no frames of our
     [warning_once]          accelerate's frame, only for `warning_once` (upstream's default is then 3)
     [wrapt frames]          `body.wrapper_frames`: 0 with wrapt's C extension
     patched_log             our wrapper (upstream's `log`): found by its code object, never by a count
-    [our frames]            `InOrderSession.call` -> `BarrierSide.call` (-> `turns.emit_at_once`) or `GatherSide.call`
+    [our frames]            `InOrderSession.call` -> `BarrierSide.call` (-> `_call.emit_at_once`) or `GatherSide.call`
                             (-> `records.capture`) -> `_call.log_for_this_call`
     ... -> Logger.log       `stacklevel` 1 is the frame that calls it
 

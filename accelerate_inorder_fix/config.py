@@ -296,9 +296,9 @@ def configure(mode: Optional[str] = None, timeout: Optional[float] = None, colla
     """Override the in_order mode, the timeout and/or collapse for this process.
 
     Args:
-        mode (`str`, *optional*): `"barrier"` or `"gather"` (any case), before the process's first
-            in_order call: the mode is fixed for the job there, and the main process's is final (a rank
-            whose own setting differs says so once). Set after that, it is not taken: one warning.
+        mode (`str`, *optional*): `"barrier"` or `"gather"` (any case), before the process group starts
+            (before `Accelerator()`): the main process's setting then is the job's mode (a rank whose own
+            setting differs says so once). Set after that, it is not taken: one warning.
         timeout (`float`, *optional*): T, the unit of every in_order bound (`bounds.py`): the main
             process's wait for a rank's record in gather mode, a rank's wait for the others at a
             barrier-mode check-in (a whole call waits at most `bounds.CALL` in all); a finite number

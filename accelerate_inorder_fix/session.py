@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import collections
 import os
+import re
 import threading
 import uuid
 from types import SimpleNamespace
@@ -27,7 +28,7 @@ from ._diagnostics import warn_once
 from ._origin import Origin
 from .barrier.side import BarrierSide
 from .barrier.turns import PlainBarriers
-from .config import COLLAPSE_ENV, MODE_ENV, SETTINGS, TIMEOUT_ENV, Settings, spans_hosts, speaks_for_host
+from .config import COLLAPSE_ENV, MODE_ENV, MODES, SETTINGS, TIMEOUT_ENV, Settings, spans_hosts, speaks_for_host
 from .gather.side import GatherSide
 from .store import connection, teardown
 from .store.connection import Connection
@@ -69,7 +70,7 @@ class InOrderSession:
         self._store: Optional[Connection] = None  # the same, under this session's prefix
         self._side: Optional[Side] = None
         self._main = False
-        self._mode: Optional[str] = None  # fixed at the first call that had the main process's word
+        self._mode: Optional[str] = None  # the main process's word, once read
         self._setting: Optional[str] = None  # this process's own setting then
         self._origin: Optional[Origin] = None
         self.member = True  # False in a child forked while its parent's process group existed
@@ -169,12 +170,19 @@ class InOrderSession:
                     key=("word", rank),
                 )
                 return None
-            mode, prefix = blob.decode().split(" ")
-            word = (mode, prefix)
-            if mode != own:
+            read = read_word(blob)
+            if read is None:
+                warn_once(
+                    f"rank {rank}: the main process's in_order word in the job's store is not one ({blob[:40]!r}); "
+                    "this rank logs its in_order records at once, unordered",
+                    key=("word", "bad"),
+                )
+                return None
+            word = read
+            if word[0] != own:
                 warn_once(
                     f"rank {rank}: in_order mode setting {own!r} (from {settings.mode_source()}) differs from the "
-                    f"main process's; using the main process's mode, {mode}"
+                    f"main process's; using the main process's mode, {word[0]}"
                 )
         if self._mode is None:
             self._mode, self._setting = word[0], settings.mode()
@@ -192,20 +200,20 @@ class InOrderSession:
         if self._setting is not None and settings.mode() != self._setting:
             warn_once(
                 f"rank {state.process_index}: the in_order mode ({MODE_ENV} or configure(mode=...)) changed to "
-                f"{settings.mode()!r} after this job's mode was fixed at its first in_order call; "
-                f"it stays {self._mode}",
+                f"{settings.mode()!r} after this job's mode was fixed, when its process group started "
+                f"(inside Accelerator(): set the mode before it); it stays {self._mode}",
                 key=("mode", "fixed"),
             )
 
     @property
     def mode(self) -> Optional[str]:
-        """The job's mode, once this process's first in_order call fixed it."""
+        """The job's mode, once this process read it (the main process's word, written when its group started)."""
         return self._mode
 
     @property
     def current_side(self) -> Optional[Any]:
         """The open session's `BarrierSide` or `GatherSide` (None without one): for `testing.side`."""
-        return getattr(self._side, "side", self._side)
+        return self._side
 
     def origin(self, state: Any) -> Origin:
         """This process's rank and host, for its in_order records (the host as named at its first call)."""
@@ -257,6 +265,14 @@ class InOrderSession:
         teardown.HOOK.forget(self.end)
         STARTED.forget(self.started)
         self.__init__(self._open_store, self._default_group)  # type: ignore[misc]
+
+
+def read_word(blob: bytes) -> Optional[tuple[str, str]]:
+    """`(mode, prefix)` of the main process's word `<mode> <prefix>`; None when `blob` is not such a word."""
+    parts = blob.decode("utf-8", "replace").split(" ")
+    if len(parts) != 2 or parts[0] not in MODES or not re.fullmatch(r"[0-9a-f]{12}", parts[1]):
+        return None
+    return parts[0], parts[1]
 
 
 SESSION = InOrderSession()

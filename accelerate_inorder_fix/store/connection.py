@@ -96,12 +96,6 @@ def default_group() -> Optional[object]:
         return None
 
 
-def own_connection(store: Store) -> Optional[Store]:
-    """The connection a background thread may use: `store` itself when it gives each thread a client of its
-    own (a `Connection`); None otherwise (the thread would share a client with the logging calls)."""
-    return store if isinstance(store, Connection) else None
-
-
 def peek(store: Store, key: str) -> Optional[bytes]:
     """The value of `key`, or None when it has none: never waits, never creates it.
 

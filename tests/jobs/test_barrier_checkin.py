@@ -239,7 +239,7 @@ def test_a_store_without_clone_or_append_never_raises_and_leaves_the_groups_time
 def test_configure_mode_after_the_first_call_is_said_once_on_every_rank_and_not_taken(version):
     """Rank 3 alone asks for gather mode before the first call (overruled), then every rank asks for gather
     and back: a job of its own, since rank 3's first in_order call must come after its configure(). Adapted:
-    the job's mode is now fixed at its first call (session.py), so the switch is said, once a rank, not taken;
+    the job's mode is fixed when its process group starts (session.py), so the switch is said, once a rank, not taken;
     every call stays in barrier mode, each record by its own rank, in rank order."""
     job = torchrun(["switch"], env_for(version))
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])

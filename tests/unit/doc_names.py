@@ -64,8 +64,12 @@ class Index:
         self.members: dict[str, set[str]] = {}  # class name -> its members (every class of that name)
         self.instances: dict[str, str] = {}  # "SESSION" -> "InOrderSession"
         self.defined: set[str] = set()  # every function and class name anywhere
+        self.imported: dict[str, set[str]] = {}  # a module's names bound only by an import (not its own)
+        self.packages: set[str] = {""}  # modules that are a package's __init__ (their imports are their API)
         for path in sorted(root.rglob("*.py")):
             dotted = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix("__init__").rstrip(".")
+            if path.name == "__init__.py":
+                self.packages.add(dotted)
             self._read(dotted, ast.parse(path.read_text()))
         for name in TOP_MODULES:
             self._read(name, ast.parse((REPO / f"{name}.py").read_text()))
@@ -75,13 +79,20 @@ class Index:
 
     def _read(self, dotted: str, tree: ast.Module) -> None:
         names = self.names.setdefault(dotted, set())
+        imported = self.imported.setdefault(dotted, set())
         for node in tree.body:
             for name in _bound(node):
                 names.add(name)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported.update(_bound(node))
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 func = node.value.func
                 if isinstance(func, ast.Name) and isinstance(node.targets[0], ast.Name):
                     self.instances[node.targets[0].id] = func.id
+        own = (
+            name for node in tree.body if not isinstance(node, (ast.Import, ast.ImportFrom)) for name in _bound(node)
+        )
+        imported.difference_update(own)
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 self.defined.add(node.name)
@@ -157,6 +168,8 @@ class Index:
             return True
         if rest[0] not in self.names[module]:
             return False
+        if rest[0] in self.imported.get(module, ()) and module not in self.packages:
+            return False  # `turns.emit_at_once` where turns only imports it: the page names the wrong module
         cls = self.instances.get(rest[0], rest[0])
         return len(rest) == 1 or cls not in self.members or rest[1] in self.members[cls]
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import doc_facts
 import doc_names
 import pytest
 
@@ -563,3 +564,72 @@ def test_readme_version_table_is_what_releases_txt_runs():
     assert sorted(set(named) - {"0.20.0"}) == sorted(tested), (named, tested)
     newest = max(tested, key=lambda v: tuple(map(int, v.split("."))))
     assert f"{newest.rsplit('.', 1)[0]}.x" in table, newest
+
+
+# -- one source: every number, key and name a page states -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def facts():
+    """The code's numbers and key layouts, read once for the module's tests."""
+    return doc_facts.constants(), doc_facts.key_layouts()
+
+
+def stale(text, index, facts, gather=False, calls=False):
+    """Everything `text` states of the code that the code does not hold: a bound's number, a key count, a
+    constant's number, a store key, a module's name."""
+    known, layouts = facts
+    problems = [
+        f"{p}: {s} stated, {t} in bounds.py" for c, _ in _statements(text) for p, s, t in _stated(c, gather) if s != t
+    ]
+    problems += doc_facts.constant_problems(text, known) + doc_facts.key_problems(text, layouts, index.paths)
+    problems += [f"`{span}`: {why}" for span in doc_names.spans(text) for why in [index.problem(span, calls)] if why]
+    return problems
+
+
+def _page_kinds():
+    """One text of each kind the pages are: README, a docs page, `status`'s, a docstring."""
+    from accelerate_inorder_fix.cli import status
+
+    return {
+        "README.md": (REPO / "README.md").read_text(),
+        "docs/costs.md": (REPO / "docs" / "costs.md").read_text(),
+        "status": "\n\n".join(status.MODE_MEANS.values()),
+        "docstring": "\n\n".join(doc_names.docstrings(REPO / "accelerate_inorder_fix" / "barrier" / "side.py")),
+    }
+
+
+PLANTED = {
+    "a bound": "\n\nA call waits at most 1.5 T (`CALL` = 1.5 T).\n",
+    "a key count": "\n\nA site holds 2N + 1 keys at rest.\n",
+    "a constant": "\n\nA `multi_get` carries `PER_REQUEST` (255) keys, 255 keys a request.\n",
+    "a key name": "\n\nThe main process writes `mode/started` when its group starts.\n",
+    "a function name": "\n\nThe record is logged in one place, `turns.emit_at_once`.\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_page_kinds()))
+@pytest.mark.parametrize("planted", sorted(PLANTED))
+def test_one_stale_fact_planted_in_any_page_kind_fails_the_check(kind, planted, index, facts):
+    text = _page_kinds()[kind]
+    before = stale(text, index, facts)
+    after = stale(text + PLANTED[planted], index, facts)
+    assert len(after) > len(before), (kind, planted, after)
+
+
+def test_every_page_states_the_codes_constants_and_keys(index, facts):
+    """README, docs/*.md, `status` and every docstring: each `NAME` = number is the code's, each store key
+    a layout the code builds, each number said in words (keys a request, KiB a piece) the constant's."""
+    from accelerate_inorder_fix.cli import status
+
+    known, layouts = facts
+    texts = {page.name: page.read_text() for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
+    texts["status"] = "\n\n".join(status.MODE_MEANS.values())
+    for path in sorted((REPO / "accelerate_inorder_fix").rglob("*.py")):
+        texts[str(path.relative_to(REPO))] = "\n\n".join(doc_names.docstrings(path))
+    wrong = [
+        f"{name}: {why}"
+        for name, text in texts.items()
+        for why in doc_facts.constant_problems(text, known) + doc_facts.key_problems(text, layouts, index.paths)
+    ]
+    assert wrong == []

@@ -107,7 +107,10 @@ def test_a_mode_set_after_the_first_call_is_said_once_and_not_taken(capsys):
         assert main.side(_rank(0), settings, 0.2) is side
     assert main.mode == "barrier"
     assert (
-        capsys.readouterr().err.count("after this job's mode was fixed at its first in_order call; it stays barrier")
+        capsys.readouterr().err.count(
+            "after this job's mode was fixed, when its process group started (inside Accelerator(): set the mode "
+            "before it); it stays barrier"
+        )
         == 1
     )
 
@@ -234,3 +237,36 @@ def test_a_barrier_mode_session_says_once_that_collapse_applies_to_gather_mode_o
         main.side(_rank(0), settings, 0.2)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "applies to gather mode only" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        b"gather",
+        b"gather abc def",
+        b"\xff\xfe 0123456789ab",
+        b"bogus 0123456789ab",
+        b"gather 0123",
+        b"",
+        b"x" * 10_000,
+    ],
+)
+def test_a_word_that_is_not_one_is_one_warning_and_the_call_logged_at_once(blob, capsys):
+    """Whatever the main process's key holds, a rank's call never raises: it logs at once and says so once."""
+    store = InMemoryStore()
+    (rank1,) = _sessions(store, n=1)
+    store.set(WORD_KEY, blob)
+    seen = []
+    logger = logging.getLogger("aif.test.session.badword")
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.handlers[:], logger.propagate = [handler], False
+    for n in range(3):
+        rank1.call(_rank(1), _settings(), _call(adapter=logging.LoggerAdapter(logger, {}), msg=f"m{n}"))
+    assert seen == ["m0", "m1", "m2"] and rank1.mode is None
+    assert capsys.readouterr().err.count("in_order word in the job's store is not one") == 1
+
+
+def test_the_word_read_is_the_word_written():
+    assert session_module.read_word(b"gather 0123456789ab") == ("gather", "0123456789ab")
+    assert session_module.read_word(b"barrier 0123456789ab") == ("barrier", "0123456789ab")

@@ -285,7 +285,7 @@ def old_store_api(r):
 
 def switch(r):
     """Rank 3 alone asks for gather mode before the first call (overruled); then every rank asks for gather and
-    back, after the job's mode was fixed at its first call: said once a rank, not taken."""
+    back, after the job's mode was fixed (when its process group started): said once a rank, not taken."""
     import accelerate_inorder_fix
 
     def first(call):
