@@ -633,3 +633,25 @@ def test_every_page_states_the_codes_constants_and_keys(index, facts):
         for why in doc_facts.constant_problems(text, known) + doc_facts.key_problems(text, layouts, index.paths)
     ]
     assert wrong == []
+
+
+def test_every_flake8_recipe_requires_the_plugin(tmp_path):
+    """A flake8 without the plugin selects no AIF check and passes: each recipe in README and docs/ makes that
+    absence fail (`--require-plugins`), and the recipe as written finds a finding with the plugin here."""
+    recipes = [
+        " ".join(line.split())
+        for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+        for line in re.findall(r"`(flake8 [^`]*--select AIF[^`]*)`", " ".join(page.read_text().split()))
+    ]
+    assert recipes and all("--require-plugins accelerate-inorder-fix" in r for r in recipes), recipes
+    bad = tmp_path / "bad.py"
+    bad.write_text("if accelerator.is_main_process:\n    logger.info('saved', in_order=True)\n")
+    flake8 = [sys.executable, "-m", "flake8", "--select", "AIF"]
+    found = subprocess.run(
+        [*flake8, "--require-plugins", "accelerate-inorder-fix", str(bad)], capture_output=True, text=True
+    )
+    missing = subprocess.run(
+        [*flake8, "--require-plugins", "no-such-plugin", str(bad)], capture_output=True, text=True
+    )
+    assert found.returncode == 1 and "AIF001" in found.stdout, found
+    assert missing.returncode != 0 and "no-such-plugin" in missing.stdout + missing.stderr, missing
