@@ -76,12 +76,9 @@ class ThisCall:
         return not self.keep
 
 
-def log_for_this_call(log: LogArgs, this_call: ThisCall, tag: bool = False) -> bool:
+def log_for_this_call(log: LogArgs, this_call: ThisCall) -> bool:
     """Log `log` through its adapter and logger as upstream's working path does, with `this_call` appended
     to the logger's filters meanwhile. False when the adapter's level drops it (nothing is logged).
-
-    Args:
-        tag: the message as gather mode prints it (`Origin.tag`, after upstream's `process`).
 
     Raises what the adapter, the logger's filters or its handlers raise. `kwargs["stacklevel"]` counts
     from the wrapper, which this function is some frames below (`_callsite`: the frames are counted).
@@ -90,8 +87,6 @@ def log_for_this_call(log: LogArgs, this_call: ThisCall, tag: bool = False) -> b
     if not adapter.isEnabledFor(log.level):
         return False
     msg, kwargs = adapter.process(log.msg, counted_from_here(log.kwargs))
-    if tag and this_call.origin is not None:
-        msg = this_call.origin.tag(msg)
     logger = adapter.logger
     logger.addFilter(this_call)
     try:

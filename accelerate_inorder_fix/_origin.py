@@ -2,7 +2,7 @@
 
 Both modes set them on every in_order record (`stamp`), so `%(rank)s` and `%(hostname)s` work in a
 format whichever mode runs. Gather mode also shows them in the message, since the main process
-prints every rank's record (`tag`): the `[RANK n] ` tag accelerate 1.13+ gives in `process()`, added
+prints every rank's record (`gather.records.capture`): the `[RANK n] ` tag accelerate 1.13+ gives in `process()`, added
 where upstream did not, led by `[host] ` on a job over several hosts. Barrier mode's messages are
 upstream's: each rank prints its own.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 
 RANK_TAG = "[RANK {}] "  # the tag accelerate 1.13+ puts before a message, for one rank or a span of ranks
@@ -51,12 +51,6 @@ class Origin(NamedTuple):
     def of(cls, rank: int, several_hosts: bool) -> Origin:
         """This process's origin as rank `rank`: its host as `socket.gethostname()` names it now."""
         return cls(rank, socket.gethostname(), several_hosts)
-
-    def tag(self, msg: Any) -> Any:
-        """`msg` as gather mode prints it: `[RANK n] msg` (not tagged twice), led by `[host] ` if several."""
-        rank_tag = RANK_TAG.format(self.rank)
-        tagged = msg if isinstance(msg, str) and msg.startswith(rank_tag) else f"{rank_tag}{msg}"
-        return f"[{self.hostname}] {tagged}" if self.several_hosts else tagged
 
     def stamp(self, record: logging.LogRecord) -> None:
         """Set the record's `rank` and `hostname` (the package's: a user's `extra` of these names is replaced)."""

@@ -33,13 +33,12 @@ def test_ranks_are_written_as_runs(ranks, text):
 
 def test_a_span_of_one_rank_is_the_single_rank_tag_upstream_gives():
     """The collapsed tag has the shape of accelerate 1.13+'s `[RANK n] ` (and of ours before 1.13)."""
-    origin = _origin.Origin(3, "node-a", False)
-    assert origin.tag("hello") == _origin.span_tag([3]) + "hello" == "[RANK 3] hello"
+    assert _origin.span_tag([3]) + "hello" == _origin.RANK_TAG.format(3) + "hello" == "[RANK 3] hello"
 
 
 def _record(rank, text, level=logging.INFO, name=LOGGER, host=None, args=None):
     """A gather-mode record as the main process holds it: its message tagged by its origin."""
-    msg = _origin.Origin(rank, host or "node-a", host is not None).tag(text)
+    msg = (f"[{host}] " if host else "") + _origin.span_tag([rank]) + text
     record = logging.LogRecord(name, level, "train.py", 10, msg, args, None)
     record.rank, record.hostname = rank, host or "node-a"
     return record

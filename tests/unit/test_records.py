@@ -403,14 +403,6 @@ def test_no_pickle_marshal_or_eval_anywhere_in_the_package():
 # -- where a record comes from: its rank and host, checked against the queue it was read from --
 
 
-def test_origin_tags_a_message_as_accelerate_1_13_does_and_never_twice():
-    here = Origin(2, "node-b", several_hosts=False)
-    assert here.tag("shard loaded") == "[RANK 2] shard loaded"
-    assert here.tag("[RANK 2] shard loaded") == "[RANK 2] shard loaded"  # 1.13+'s `process()` tagged it already
-    assert here.tag({"step": 1}) == "[RANK 2] {'step': 1}"  # a non-str message, as 1.13+'s f-string gives it
-    assert here._replace(several_hosts=True).tag("[RANK 2] x") == "[node-b] [RANK 2] x"
-
-
 def test_a_record_read_from_a_queue_carries_that_rank_and_its_host():
     _, got = from_bytes(to_bytes(IDENTITY, _record(extra=_origin(1))), rank=1)
     assert (got.rank, got.hostname) == (1, "node-a")
