@@ -437,6 +437,8 @@ def test_regression_test_conventions():
     for own in ("init_process_group", "import socket", "start_processes", "multiprocessing", "MASTER_PORT"):
         assert own not in script + test, own
     assert "logging.disable(" in script
+    # `get_logger` reads ACCELERATE_LOG_LEVEL: at DEBUG the hidden record would not be hidden, and the test could not fail.
+    assert 'monkeypatch.delenv("ACCELERATE_LOG_LEVEL", raising=False)' in _single_process_block("main")
     # One launch: one multi-process test, one torchrun command, every scenario run by the script's main().
     assert test.count("execute_subprocess_async(") == 1 and test.count("    def test_") == 1
     assert re.findall(r"^def (in_order_\w+)\(state, logger\):", script, re.M) == REGRESSION_SCENARIOS
@@ -486,6 +488,10 @@ def test_docs_patches_are_well_formed(tmp_path):
         ), patch
         assert "in_order=True" in text and "collective" in text
         assert HANG_OR_DESYNC in " ".join(text.split())
+        for tip in re.findall(r"^\+<Tip[^>]*>\n\+\n(.*?)\n\+\n\+</Tip>", text, re.M | re.S):
+            prose = " ".join(line[1:] for line in tip.splitlines())
+            # A warning a reader reads: two or three sentences, short ones.
+            assert len(re.findall(r"[.!?](?:\s|$)", prose)) <= 3 and len(prose) < 500, tip
         tree = tmp_path / patch.stem
         for path, content in _fixture_from_patch(text).items():
             (tree / path).parent.mkdir(parents=True, exist_ok=True)
@@ -615,6 +621,7 @@ def test_series_share_one_fix():
         branch = next(n for n, line in enumerate(after) if n > first and line.startswith("        elif "))
         last = after.index("            self.logger.log(level, msg, *args, **kwargs)", branch)
         bodies[series] = after[first : last + 1]
+        assert sum(line.strip().startswith("#") for line in bodies[series]) == 1, series  # a one-line comment
     assert len({tuple(body) for body in bodies.values()}) == 1, bodies
     backport = series_files(SERIES["0.20"])[0].read_text()
     assert '\n+        kwargs.setdefault("stacklevel", 2)\n' in backport
