@@ -151,6 +151,16 @@ def _imports(nodes: Sequence[ast.AST]) -> dict[str, str]:
     return table
 
 
+def relative_imports(nodes: Sequence[ast.AST]) -> frozenset[str]:
+    """The names a module imports relatively (`from .worker import loop`): the user's own code."""
+    return frozenset(
+        alias.asname or alias.name
+        for node in nodes
+        if isinstance(node, ast.ImportFrom) and node.level
+        for alias in node.names
+    )
+
+
 def qualified(node: ast.expr, imports: Mapping[str, str]) -> Optional[str]:
     """The imported name a name chain stands for (`dist.barrier` -> "torch.distributed.barrier"), if any."""
     parts = dotted(node)

@@ -34,6 +34,7 @@ CODES = (IN_ORDER, COLLECTIVE, STATE)
 _MAX_CONDITION = 60
 _BACKENDS = {"DEEPSPEED": "DeepSpeed", "FSDP": "FSDP"}
 # flake8's own syntax: a bare noqa comment silences every code; `noqa: AIF001,E501` those codes (by prefix).
+_LOG_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log", "print"})
 _NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z][0-9A-Z]*(?:[,\s]+[A-Z][0-9A-Z]*)*))?", re.IGNORECASE)
 
 FunctionNode = Union[ast.FunctionDef, ast.AsyncFunctionDef]
@@ -306,6 +307,7 @@ class _Walker:
         self.functions = helpers.functions(tree)
         self.path, self.package = path, package
         self.from_imports = helpers.from_imports(tree) if package is not None else {}
+        self.from_imports_any = rank.relative_imports(self.index.nodes)
         self.lines = lines
         self.attributes: dict[str, list[Optional[Binding]]] = {}  # `self.x` -> each binding (None: not of a rank)
         self._reaches: dict[tuple[str, tuple[tuple[str, str], ...]], Optional[helpers.Reach]] = {}
@@ -328,6 +330,23 @@ class _Walker:
     def is_collective(self, call: ast.Call) -> bool:
         """Whether the call itself is a collective (not an in_order call, not a user's function)."""
         return (helpers.call_kind(call, self.imports, self.receivers) or "").startswith("collective")
+
+    def unknown_count(self, call: ast.Call) -> bool:
+        """Whether the call may make collectives the balancing rule cannot count: a method not defined in this
+        file (`model.generate_other_ranks()`, `self.serve()` of a base class), a function imported from the
+        user's own package (`from .worker import loop`), or a function of this file that makes one somewhere but
+        not on every path (a worker loop). A library's function, a builtin and a log call make none."""
+        if helpers.call_kind(call, self.imports, self.receivers) is not None or self.reach_of(call) is not None:
+            return False
+        parts = rank.dotted(call.func)
+        if not parts or parts[-1] in _LOG_METHODS:
+            return False
+        name = ".".join(parts)
+        if name in self.functions:
+            return helpers.makes_collective(self.functions[name], self.imports, self.receivers)
+        if parts[0] in self.from_imports_any:
+            return True  # the user's own module, by a relative import
+        return len(parts) > 1 and parts[0] not in self.imports
 
     def reach_of(self, call: ast.Call) -> Optional[helpers.Reach]:
         """The collective a call to the user's own function certainly makes (one call deep), or None."""
@@ -571,7 +590,8 @@ def _judge(walker: _Walker) -> Iterator[Finding]:
     branches: dict[tuple[int, int, str], list[tuple[_Candidate, str, list[str], str]]] = {}
     for (scope, kind), cands in kinds.items():
         body, names = walker.scopes[scope]
-        ctx = paths.Context(walker.imports, names, backend_names, paths.delivered_names(body, walker.is_collective))
+        delivered = paths.delivered_names(body, walker.is_collective)
+        ctx = paths.Context(walker.imports, names, backend_names, delivered, walker.unknown_count)
         counts = paths.counted({kind}, walker.kind_of)
         found = {b: paths.imbalance(body, ctx, counts, b if cands[0].code == STATE else None) for b in _BACKENDS}
         backends = [b for b, imbalance in found.items() if imbalance is not None]

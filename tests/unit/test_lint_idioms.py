@@ -296,3 +296,44 @@ def test_a_value_only_read_to_build_a_collectives_argument_is_not_delivered():
                     accelerator.save_state(out)
     """)
     assert (finding.line, finding.code) == (9, "AIF003")
+
+
+SERVER_WORKER = """
+import torch
+import torch.distributed as dist
+
+def deploy(model, serve):
+    if dist.get_rank() == 0:
+        serve()
+        dist.broadcast(torch.tensor([1]), src=0)
+    else:
+        {other}
+    dist.barrier()
+{extra}
+"""
+
+
+@pytest.mark.parametrize(
+    "other, extra",
+    [
+        ("model.generate_other_ranks()", ""),  # a method defined in another file
+        ("self_serve()", "from .worker import self_serve"),  # the user's own module
+        ("worker_loop()", "def worker_loop():\n    while True:\n        dist.broadcast(m, src=0)\n"),
+    ],
+)
+def test_a_rank_split_whose_other_side_calls_what_lint_cannot_count_is_silent(other, extra):
+    """The server/worker split: rank 0 sends commands, the others receive them in a loop lint cannot count."""
+    assert found(SERVER_WORKER.format(other=other, extra=extra)) == []
+
+
+@pytest.mark.parametrize(
+    "other, extra",
+    [
+        ("pass", ""),
+        ("logger.info('waiting')", ""),
+        ("time.sleep(1)", "import time"),
+        ("idle()", "def idle():\n    return 0\n"),  # a function of this file that makes no collective
+    ],
+)
+def test_a_rank_split_whose_other_side_makes_no_collective_is_still_a_finding(other, extra):
+    assert found(SERVER_WORKER.format(other=other, extra=extra)) == [(8, "AIF002")]
