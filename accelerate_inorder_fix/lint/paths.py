@@ -348,7 +348,7 @@ class _Run:
         self.scenarios = scenarios
         self._effect: dict[int, bool] = {}
         self.world = scenarios[0].uniform if scenarios else {}  # tests and loops decided once for all ranks
-        self._checks = 0  # how deep in branches taken the same way on every rank (`if key not in sd: raise`)
+        self._checks = 0  # how deep in branches taken the same way on every rank since the last rank test
 
     def effect(self, node: ast.AST) -> bool:
         """Whether the node holds a counted call or a way out (`return`, `continue`...): else it is skipped."""
@@ -414,7 +414,11 @@ class _Run:
         taken = tuple(self.ctx.truth(test, s) for s in self.scenarios)
         yes = tuple(m and t for m, t in zip(mask, taken))
         no = tuple(m and not t for m, t in zip(mask, taken))
-        return self.block(orelse, self.block(body, one, yes), no)
+        checks, self._checks = self._checks, 0  # a raise right under a rank test is some ranks leaving
+        try:
+            return self.block(orelse, self.block(body, one, yes), no)
+        finally:
+            self._checks = checks
 
     def refuse_delivered(self, test: ast.expr, mask: tuple[bool, ...]) -> None:
         """A test of a value a collective delivered, on some ranks only: it goes as the sender's did (unknown)."""

@@ -337,3 +337,36 @@ def test_a_rank_split_whose_other_side_calls_what_lint_cannot_count_is_silent(ot
 )
 def test_a_rank_split_whose_other_side_makes_no_collective_is_still_a_finding(other, extra):
     assert found(SERVER_WORKER.format(other=other, extra=extra)) == [(8, "AIF002")]
+
+
+@pytest.mark.parametrize("under", ["", "if not os.path.isdir(d):"])
+def test_rank_0_raising_before_the_others_barrier_is_a_finding_at_any_depth(under):
+    """One rule for error paths: a `raise` right under a rank test is those ranks leaving, at the top of a
+    function or under a test every rank evaluates alike (Megatron-DeepSpeed's retro_dataset.py)."""
+    indent = "    " if under else ""
+    body = textwrap.indent("if dist.get_rank() == 0:\n    raise Exception(d)\ndist.barrier()\nexit()\n", indent)
+    source = "import os\nimport torch.distributed as dist\ndef check(d):\n" + textwrap.indent(
+        (under + "\n" if under else "") + body, "    "
+    )
+    assert found(source) == [(7 if under else 6, "AIF002")]
+
+
+def test_a_raise_under_a_test_every_rank_evaluates_alike_is_an_error_check_at_any_depth():
+    """The other half of the rule: a `raise` right under a test the same on every rank is an error check (a
+    crash), not a path to balance, at the top of a function or inside a rank's branch."""
+    source = """
+        import torch.distributed as dist
+        def load(shards, full):
+            if dist.get_rank() == 0:
+                for name in shards:
+                    if name not in full:
+                        raise KeyError(name)
+                    dist.broadcast(full[name], src=0)
+            else:
+                for name in shards:
+                    dist.broadcast(empty_like(name), src=0)
+            if not full:
+                raise ValueError("empty")
+            dist.barrier()
+    """
+    assert found(source) == []
