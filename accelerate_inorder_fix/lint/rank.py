@@ -20,7 +20,7 @@ import ast
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Optional, Union
 
-from .sources import RANK, RANK_NAMES, RANK_PREDICATES, RANK_VARIABLES
+from .sources import ARGS_ATTRIBUTES, RANK, RANK_NAMES, RANK_PREDICATES, RANK_VARIABLES
 
 
 LOG_METHODS = frozenset({"debug", "info", "warning", "error", "critical", "exception", "log", "warning_once"})
@@ -292,6 +292,9 @@ def is_rank_source(node: ast.expr, imports: Mapping[str, str]) -> bool:
 def source_kind(node: ast.expr, imports: Mapping[str, str]) -> Optional[str]:
     """The kind (`sources.RANK`, `ZERO`, `LAST`) of an atom that is a rank source, or None."""
     if isinstance(node, ast.Attribute):
+        if node.attr in ARGS_ATTRIBUTES:
+            owner = last_name(node.value) or ""
+            return ARGS_ATTRIBUTES[node.attr] if owner == "args" or owner.endswith("_args") else None
         return RANK_NAMES.get(node.attr)
     if isinstance(node, ast.Subscript):  # os.environ["RANK"]
         return RANK if _is_environ(node.value, imports) and _names_rank_variable([node.slice]) else None

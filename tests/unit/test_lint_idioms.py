@@ -370,3 +370,87 @@ def test_a_raise_under_a_test_every_rank_evaluates_alike_is_an_error_check_at_an
             dist.barrier()
     """
     assert found(source) == []
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        # NeMo's deploy_inframework_hf_triton.py: a default, then another constant under a rank test
+        "start = True\nif dist.is_initialized():\n    if dist.get_rank() > 0:\n        start = False",
+        # nanoGPT's train.py: from the rank on one side, a constant on the other
+        "if ddp:\n    start = int(os.environ['RANK']) == 0\nelse:\n    start = True",
+    ],
+)
+def test_a_flag_rank_dependent_through_two_bindings_is_a_rank_source(setup):
+    source = "import os\nimport torch.distributed as dist\n" + setup + "\nif start:\n    dist.barrier()\n"
+    [(line, code)] = found(source)
+    assert (code, source.splitlines()[line - 1].strip()) == ("AIF002", "dist.barrier()")
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "start = True\nif args.serve:\n    start = False",  # no rank test
+        "start = dist.get_rank() == 0\nstart = True",  # the constant overwrites the rank, on every rank
+        "if ddp:\n    start = int(os.environ['RANK']) == 0\nelse:\n    start = probe()",  # not a constant
+    ],
+)
+def test_a_flag_bound_otherwise_is_not_a_rank_source(setup):
+    source = "import os\nimport torch.distributed as dist\n" + setup + "\nif start:\n    dist.barrier()\n"
+    assert found(source) == []
+
+
+@pytest.mark.parametrize(
+    "guard",
+    ["args.should_save", "self.args.should_save", "training_args.should_save", "get_fs_local_rank() == 0"]
+    + ["mpu.is_last_rank()"],
+)
+def test_the_training_arguments_should_save_olmo_and_megatron_rank_sources(guard):
+    [finding] = lint.check_tree(ast.parse(f"import torch.distributed as dist\nif {guard}:\n    dist.barrier()\n"))
+    assert (finding.line, finding.code) == (3, "AIF002")
+
+
+@pytest.mark.parametrize("guard", ["self.should_save", "config.should_save", "should_save"])
+def test_should_save_on_another_object_is_not_a_rank_source(guard):
+    assert found(f"import torch.distributed as dist\nif {guard}:\n    dist.barrier()\n") == []
+
+
+def test_a_branch_on_a_value_just_broadcast_where_the_receivers_test_the_delivered_copy_is_silent():
+    """The sender broadcasts the size and then tests its own data; the receivers test the size delivered."""
+    assert (
+        found("""
+        import torch
+        import torch.distributed as dist
+        def send(data, rank):
+            if rank == 0:
+                dist.broadcast(torch.tensor([len(data)]), src=0)
+                if len(data) == 0:
+                    return
+                dist.broadcast(payload(data), src=0)
+            else:
+                size = torch.tensor([0])
+                dist.broadcast(size, src=0)
+                if size.item() == 0:
+                    return
+                dist.broadcast(torch.empty(size.item()), src=0)
+    """)
+        == []
+    )
+
+
+def test_a_branch_on_a_value_not_broadcast_is_still_a_finding():
+    """The receivers never learn the sender's test: its second broadcast has no partner."""
+    [(line, code)] = found("""
+        import torch
+        import torch.distributed as dist
+        def send(data, rank):
+            if rank == 0:
+                dist.broadcast(torch.tensor([len(data)]), src=0)
+                if len(data) == 0:
+                    return
+                dist.broadcast(payload(data), src=0)
+            else:
+                size = torch.tensor([0])
+                dist.broadcast(size, src=0)
+    """)
+    assert code == "AIF002"
