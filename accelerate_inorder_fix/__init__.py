@@ -18,11 +18,27 @@ Layers, each importing only those below it (import-linter checks them): `cli/` (
 
 __version__ = "0.2.0.dev0"
 
-from ._patcher import UnknownAccelerateWarning, is_patched, patch, unpatch
-from ._patcher import auto_patch as _auto_patch
-from .config import configure
+import sys as _sys
 
+
+def _lint_only() -> bool:
+    """Whether this process is `python -m accelerate_inorder_fix lint` or `accelerate-inorder-fix lint`.
+
+    The lint is standard library only and must run where wrapt (and accelerate, torch) is not installed;
+    such a process patches nothing, so the patcher is not imported. `python -m` sets `sys.argv[0]` to `-m`
+    while it imports the package.
+    """
+    argv, whole = _sys.argv, getattr(_sys, "orig_argv", None)  # the interpreter's own arguments: Python 3.10+
+    run_as_module = argv[0] == "-m" and (whole is None or "accelerate_inorder_fix" in whole)
+    script = argv[0].replace("\\", "/").rsplit("/", 1)[-1].startswith("accelerate-inorder-fix")
+    return len(argv) > 1 and argv[1] == "lint" and (run_as_module or script)
+
+
+if not _lint_only():
+    from ._patcher import UnknownAccelerateWarning, is_patched, patch, unpatch
+    from ._patcher import auto_patch as _auto_patch
+    from .config import configure
+
+    _auto_patch()
 
 __all__ = ["UnknownAccelerateWarning", "__version__", "configure", "is_patched", "patch", "unpatch"]
-
-_auto_patch()

@@ -105,6 +105,12 @@ def reach(fn: FunctionNode, imports: Mapping[str, str], receivers: rank.Receiver
     return Reach(kind, made, call.lineno, fn.name, when=" and ".join(f"`{t}`" for t in tests))
 
 
+def makes_collective(fn: FunctionNode, imports: Mapping[str, str], receivers: rank.Receivers) -> bool:
+    """Whether `fn` makes a counted call anywhere in its body, on some path or in a loop."""
+    calls = (c for stmt in fn.body for c in ast.walk(stmt) if isinstance(c, ast.Call))
+    return any(call_kind(c, imports, receivers) is not None for c in calls)
+
+
 Found = tuple[ast.Call, tuple[str, ...]]  # a sure call, and the uniform tests it is made under
 
 

@@ -100,11 +100,13 @@ class Context:
         names: Definitions,
         backend_names: Mapping[str, ast.expr] = {},
         delivered: Collection[str] = (),
+        unknown: Counter = lambda call: False,
     ) -> None:
         self.imports = imports
         self.names = names
         self.backend_names = backend_names  # `is_fsdp = accelerator.distributed_type == ...`: same on every rank
         self.delivered = delivered  # names whose value a collective delivered (`delivered_names`)
+        self.unknown = unknown  # whether a call may make collectives this run cannot count (a worker loop)
 
     def reads_delivered(self, node: ast.expr) -> bool:
         """Whether the expression reads a value a collective delivered (`size.item() == 0`)."""
@@ -346,7 +348,7 @@ class _Run:
         self.scenarios = scenarios
         self._effect: dict[int, bool] = {}
         self.world = scenarios[0].uniform if scenarios else {}  # tests and loops decided once for all ranks
-        self._checks = 0  # how deep in branches taken the same way on every rank (`if key not in sd: raise`)
+        self._checks = 0  # how deep in branches taken the same way on every rank since the last rank test
 
     def effect(self, node: ast.AST) -> bool:
         """Whether the node holds a counted call or a way out (`return`, `continue`...): else it is skipped."""
@@ -406,10 +408,17 @@ class _Run:
             decided = self.world.get(ast.dump(test))
             sides = frozenset() if decided is False else self.checked(body, one, mask)
             return sides | (frozenset() if decided else self.checked(orelse, one, mask))
+        for side, other in ((body, orelse), (orelse, body)) if orelse else ():
+            if any(self._counts_in(s) for s in side) and any(self._unknown_in(s) for s in other):
+                raise GiveUp("the other side of a rank split calls what this run cannot count (a worker loop)")
         taken = tuple(self.ctx.truth(test, s) for s in self.scenarios)
         yes = tuple(m and t for m, t in zip(mask, taken))
         no = tuple(m and not t for m, t in zip(mask, taken))
-        return self.block(orelse, self.block(body, one, yes), no)
+        checks, self._checks = self._checks, 0  # a raise right under a rank test is some ranks leaving
+        try:
+            return self.block(orelse, self.block(body, one, yes), no)
+        finally:
+            self._checks = checks
 
     def refuse_delivered(self, test: ast.expr, mask: tuple[bool, ...]) -> None:
         """A test of a value a collective delivered, on some ranks only: it goes as the sender's did (unknown)."""
@@ -456,6 +465,12 @@ class _Run:
         if isinstance(node, ast.Call) and self.counts(node):
             return True
         return self.effect(node) and any(self._counts_in(c) for c in _children(node))
+
+    def _unknown_in(self, node: ast.AST) -> bool:
+        """Whether the node calls what may make collectives uncounted (a method defined elsewhere, a worker loop)."""
+        if isinstance(node, ast.Call) and not self.counts(node) and self.ctx.unknown(node):
+            return True
+        return any(self._unknown_in(c) for c in _children(node))
 
     def _leaves_or_counts(self, node: ast.AST) -> bool:
         if isinstance(node, ast.stmt) and is_exit(node) or isinstance(node, ast.Call) and self.counts(node):

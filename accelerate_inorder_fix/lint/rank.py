@@ -20,7 +20,7 @@ import ast
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Optional, Union
 
-from .sources import RANK, RANK_NAMES, RANK_PREDICATES, RANK_VARIABLES
+from .sources import ARGS_ATTRIBUTES, RANK, RANK_NAMES, RANK_PREDICATES, RANK_VARIABLES
 
 
 LOG_METHODS = frozenset({"debug", "info", "warning", "error", "critical", "exception", "log", "warning_once"})
@@ -149,6 +149,16 @@ def _imports(nodes: Sequence[ast.AST]) -> dict[str, str]:
             for alias in node.names:
                 table[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     return table
+
+
+def relative_imports(nodes: Sequence[ast.AST]) -> frozenset[str]:
+    """The names a module imports relatively (`from .worker import loop`): the user's own code."""
+    return frozenset(
+        alias.asname or alias.name
+        for node in nodes
+        if isinstance(node, ast.ImportFrom) and node.level
+        for alias in node.names
+    )
 
 
 def qualified(node: ast.expr, imports: Mapping[str, str]) -> Optional[str]:
@@ -282,6 +292,9 @@ def is_rank_source(node: ast.expr, imports: Mapping[str, str]) -> bool:
 def source_kind(node: ast.expr, imports: Mapping[str, str]) -> Optional[str]:
     """The kind (`sources.RANK`, `ZERO`, `LAST`) of an atom that is a rank source, or None."""
     if isinstance(node, ast.Attribute):
+        if node.attr in ARGS_ATTRIBUTES:
+            owner = last_name(node.value) or ""
+            return ARGS_ATTRIBUTES[node.attr] if owner == "args" or owner.endswith("_args") else None
         return RANK_NAMES.get(node.attr)
     if isinstance(node, ast.Subscript):  # os.environ["RANK"]
         return RANK if _is_environ(node.value, imports) and _names_rank_variable([node.slice]) else None

@@ -10,6 +10,7 @@ last rank (`LAST`).
   this name (`def finish(..., is_main_process: bool)`, `rank, world = init_dist()`).
 - `RANK_PREDICATES`: a call to a function or method of this name (`dist.get_rank()`,
   `distributed_utils.is_master(cfg)`, `is_rank_0()`).
+- `ARGS_ATTRIBUTES`: an attribute of the training arguments (`args.should_save`), on an object so named.
 - `RANK_VARIABLES`: the environment variables (`os.environ["RANK"]`, `os.getenv("LOCAL_RANK")`).
 - `RANK_DECORATORS`: a function decorated with one of these runs on some ranks only (`@master_only`: mmengine's).
 
@@ -44,13 +45,17 @@ RANK_PREDICATES = {
     **dict.fromkeys(("is_main_process", "is_local_main_process", "is_master", "is_local_master"), ZERO),
     **dict.fromkeys(("is_rank_0", "is_rank_zero"), ZERO),
 }
+RANK_PREDICATES.update({"get_fs_local_rank": RANK, "is_last_rank": LAST})  # OLMo's, Megatron's
+# An attribute of the training arguments (`args.should_save`, `training_args.should_save`: transformers'
+# `TrainingArguments`, true on the process that saves), read on an object named `args` or `..._args` only.
+ARGS_ATTRIBUTES = {"should_save": ZERO}
 RANK_VARIABLES = frozenset({"RANK", "LOCAL_RANK"})
 RANK_DECORATORS = frozenset(
     {"on_main_process", "on_local_main_process", "on_process", "on_last_process", "rank_zero_only", "master_only"}
 )
 # Every identifier a rank-dependent value starts from: a file that spells none of them has no finding.
 # (`rank` covers every name that contains it; the decorators and `is_main`/`is_master` need their own.)
-_WORDS = sorted({*RANK_NAMES, *RANK_PREDICATES, *RANK_VARIABLES, *RANK_DECORATORS})
+_WORDS = sorted({*RANK_NAMES, *RANK_PREDICATES, *ARGS_ATTRIBUTES, *RANK_VARIABLES, *RANK_DECORATORS})
 _MENTIONS_RANK = re.compile("|".join(_WORDS).encode())
 
 

@@ -18,6 +18,7 @@ leaves only FSDP in the message.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -120,6 +121,7 @@ class _Index:
     nodes: list[ast.AST]
     binders: dict[int, list[ast.AST]]
     if_exp_lines: set[int]
+    guards: dict[int, tuple[ast.expr, ...]] = dataclasses.field(default_factory=dict)  # a binder's `if` tests
 
     @classmethod
     def of(cls, tree: ast.Module, lines: Optional[Sequence[str]] = None) -> _Index:
@@ -128,16 +130,21 @@ class _Index:
         index = cls([], {}, set())
         shallow = lines is not None and not any(":=" in line for line in lines)  # `:=` binds inside expressions
         children = _statement_children if shallow else ast.iter_child_nodes
-        stack: list[tuple[ast.AST, int]] = [(tree, id(tree))]
+        stack: list[tuple[ast.AST, int, tuple[ast.expr, ...]]] = [(tree, id(tree), ())]
         while stack:
-            node, owner = stack.pop()
+            node, owner, tests = stack.pop()
             index.nodes.append(node)
             if isinstance(node, _BINDERS):
                 index.binders.setdefault(owner, []).append(node)
+                if tests:
+                    index.guards[id(node)] = tests
             elif isinstance(node, ast.IfExp):
                 index.if_exp_lines.add(node.lineno)
-            inner = id(node) if isinstance(node, _NEW_SCOPES) else owner
-            stack.extend((child, inner) for child in children(node))
+            if isinstance(node, _NEW_SCOPES):
+                owner, tests = id(node), ()
+            elif isinstance(node, ast.If):
+                tests = (*tests, node.test)
+            stack.extend((child, owner, tests) for child in children(node))
         if shallow and lines is not None:
             index.if_exp_lines = {i for i, line in enumerate(lines, 1) if _IF_WORD.search(line)}
         return index
@@ -157,8 +164,15 @@ def rank_names(
     its own name is in `sources.RANK_NAMES`; or when the enclosing scope's is and this one does not rebind it.
     """
     bound = _Bindings()
+    guards: dict[str, list[ast.expr]] = {}  # a name's bindings' enclosing `if` tests
+    guarded: set[int] = set()  # the values bound under an `if`
     for node in binders:
         bound.add(node)
+        tests = walker.index.guards.get(id(node), ())
+        if tests and isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            guarded.add(id(node.value))
+            for name in _assigned_names(node):
+                guards.setdefault(name, []).extend(tests)
     parameters = {a.arg for a in params}
     tainted = {k: v for k, v in inherited.items() if k not in bound.names() | parameters}
     tainted.update(_named_sources(bound, params))
@@ -167,11 +181,50 @@ def rank_names(
     while changed:  # a = dist.get_rank(); b = a == 0: b is rank-dependent once a is known to be
         changed = False
         for name, values in bound.assigned.items():
-            if name not in tainted and name not in unsure and all(walker.rank_dependent(v, tainted) for v in values):
+            if name in tainted or name in unsure:
+                continue
+            dependent = [walker.rank_dependent(v, tainted) for v in values]
+            if all(dependent):
                 only = values[0] if len(values) == 1 else None
                 tainted[name] = Binding(only, walker.origin(name, values[0], tainted))
                 changed = True
+            elif all(
+                d or isinstance(v, ast.Constant) and (id(v) in guarded or not any(dependent))
+                for d, v in zip(dependent, values)
+            ):
+                origin = _flag_origin(name, values, dependent, guards.get(name, ()), walker, tainted)
+                if origin:  # `master_process = rank == 0` or `= True`; `start = True`, then under a rank test False
+                    tainted[name] = Binding(None, origin)
+                    changed = True
     return tainted
+
+
+def _flag_origin(
+    name: str,
+    values: Sequence[ast.expr],
+    dependent: Sequence[bool],
+    guards: Sequence[ast.expr],
+    walker: _Walker,
+    tainted: Definitions,
+) -> str:
+    """Why a name bound from rank values and constants is rank-dependent: one binding is of a rank value (the
+    constants then bound under an `if`: `else: master_process = True`), or one sits under a rank test (`start =
+    True`, then `if rank > 0: start = False`); "" if neither."""
+    for value, is_rank in zip(values, dependent):
+        if is_rank:
+            return walker.origin(name, value, tainted) + ", and elsewhere from a constant"
+    test = next((t for t in guards if walker.rank_dependent(t, tainted)), None)
+    if test is None:
+        return ""
+    return f"`{name}` is bound under `if {_text(test)}:` (line {test.lineno})"
+
+
+def _assigned_names(node: ast.AST) -> Iterator[str]:
+    """The names a plain `name = value` binds."""
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            if isinstance(target, ast.Name):
+                yield target.id
 
 
 def _named_sources(bound: _Bindings, params: Sequence[ast.arg]) -> dict[str, Binding]:
@@ -306,6 +359,7 @@ class _Walker:
         self.functions = helpers.functions(tree)
         self.path, self.package = path, package
         self.from_imports = helpers.from_imports(tree) if package is not None else {}
+        self.from_imports_any = rank.relative_imports(self.index.nodes)
         self.lines = lines
         self.attributes: dict[str, list[Optional[Binding]]] = {}  # `self.x` -> each binding (None: not of a rank)
         self._reaches: dict[tuple[str, tuple[tuple[str, str], ...]], Optional[helpers.Reach]] = {}
@@ -328,6 +382,23 @@ class _Walker:
     def is_collective(self, call: ast.Call) -> bool:
         """Whether the call itself is a collective (not an in_order call, not a user's function)."""
         return (helpers.call_kind(call, self.imports, self.receivers) or "").startswith("collective")
+
+    def unknown_count(self, call: ast.Call) -> bool:
+        """Whether the call may make collectives the balancing rule cannot count: a method not defined in this
+        file (`model.generate_other_ranks()`, `self.serve()` of a base class), a function imported from the
+        user's own package (`from .worker import loop`), or a function of this file that makes one somewhere but
+        not on every path (a worker loop). A library's function, a builtin and a log call make none."""
+        if helpers.call_kind(call, self.imports, self.receivers) is not None or self.reach_of(call) is not None:
+            return False
+        parts = rank.dotted(call.func)
+        if not parts or parts[-1] in rank.LOG_METHODS or parts[-1] == "print":
+            return False
+        name = ".".join(parts)
+        if name in self.functions:
+            return helpers.makes_collective(self.functions[name], self.imports, self.receivers)
+        if parts[0] in self.from_imports_any:
+            return True  # the user's own module, by a relative import
+        return len(parts) > 1 and parts[0] not in self.imports
 
     def reach_of(self, call: ast.Call) -> Optional[helpers.Reach]:
         """The collective a call to the user's own function certainly makes (one call deep), or None."""
@@ -571,7 +642,8 @@ def _judge(walker: _Walker) -> Iterator[Finding]:
     branches: dict[tuple[int, int, str], list[tuple[_Candidate, str, list[str], str]]] = {}
     for (scope, kind), cands in kinds.items():
         body, names = walker.scopes[scope]
-        ctx = paths.Context(walker.imports, names, backend_names, paths.delivered_names(body, walker.is_collective))
+        delivered = paths.delivered_names(body, walker.is_collective)
+        ctx = paths.Context(walker.imports, names, backend_names, delivered, walker.unknown_count)
         counts = paths.counted({kind}, walker.kind_of)
         found = {b: paths.imbalance(body, ctx, counts, b if cands[0].code == STATE else None) for b in _BACKENDS}
         backends = [b for b, imbalance in found.items() if imbalance is not None]

@@ -6,6 +6,7 @@ import ast
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from accelerate_inorder_fix import lint
 
 HEADER = """\
 import os
+import shutil
 import sys
 import torch
 import torch.distributed as dist
@@ -1075,3 +1077,36 @@ def test_a_chain_from_a_parameter_names_both_links():
 def test_a_relative_import_from_above_the_root_is_not_followed_and_does_not_crash(tmp_path):
     pkg, train = _package(tmp_path, "from " + "." * 64 + "utils import checkpoint")
     assert _run([pkg])[:2] == (0, "")
+
+
+def _pythons():
+    """This interpreter and every other Python 3.9 to 3.13 found that runs: `python3.X` on PATH, or pyenv's."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = {sys.executable}
+    for minor in range(9, 14):
+        named = [shutil.which(f"python3.{minor}"), *sorted(str(p) for p in pyenv.glob(f"3.{minor}.*/bin/python3"))]
+        for python in filter(None, named):
+            if subprocess.run([python, "-c", ""], capture_output=True, timeout=60).returncode == 0:
+                found.add(python)
+                break
+    return sorted(found)
+
+
+@pytest.mark.parametrize("python", _pythons())
+@pytest.mark.parametrize("how", ["module", "script"])
+def test_lint_command_runs_with_nothing_installed(tmp_path, python, how):
+    """`python -m accelerate_inorder_fix lint` and the `accelerate-inorder-fix lint` entry point, on a Python
+    with no site-packages (`-S`: no wrapt, accelerate or torch) and only this clone on its path, still check."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("if accelerator.is_main_process:\n    logger.info('saved', in_order=True)\n")
+    if how == "module":
+        command = [python, "-S", "-m", "accelerate_inorder_fix"]
+    else:  # what the console script does, its own path in sys.argv[0]
+        entry = "import sys; from accelerate_inorder_fix.cli.main import main; sys.exit(main())"
+        command = [python, "-S", "-c", f"import sys; sys.argv[0] = '/venv/bin/accelerate-inorder-fix'; {entry}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [*command, "lint", str(bad)], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+    )
+    assert done.returncode == 1 and "bad.py:2:5: AIF001" in done.stdout, done

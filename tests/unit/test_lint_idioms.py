@@ -296,3 +296,161 @@ def test_a_value_only_read_to_build_a_collectives_argument_is_not_delivered():
                     accelerator.save_state(out)
     """)
     assert (finding.line, finding.code) == (9, "AIF003")
+
+
+SERVER_WORKER = """
+import torch
+import torch.distributed as dist
+
+def deploy(model, serve):
+    if dist.get_rank() == 0:
+        serve()
+        dist.broadcast(torch.tensor([1]), src=0)
+    else:
+        {other}
+    dist.barrier()
+{extra}
+"""
+
+
+@pytest.mark.parametrize(
+    "other, extra",
+    [
+        ("model.generate_other_ranks()", ""),  # a method defined in another file
+        ("self_serve()", "from .worker import self_serve"),  # the user's own module
+        ("worker_loop()", "def worker_loop():\n    while True:\n        dist.broadcast(m, src=0)\n"),
+    ],
+)
+def test_a_rank_split_whose_other_side_calls_what_lint_cannot_count_is_silent(other, extra):
+    """The server/worker split: rank 0 sends commands, the others receive them in a loop lint cannot count."""
+    assert found(SERVER_WORKER.format(other=other, extra=extra)) == []
+
+
+@pytest.mark.parametrize(
+    "other, extra",
+    [
+        ("pass", ""),
+        ("logger.info('waiting')", ""),
+        ("time.sleep(1)", "import time"),
+        ("idle()", "def idle():\n    return 0\n"),  # a function of this file that makes no collective
+    ],
+)
+def test_a_rank_split_whose_other_side_makes_no_collective_is_still_a_finding(other, extra):
+    assert found(SERVER_WORKER.format(other=other, extra=extra)) == [(8, "AIF002")]
+
+
+@pytest.mark.parametrize("under", ["", "if not os.path.isdir(d):"])
+def test_rank_0_raising_before_the_others_barrier_is_a_finding_at_any_depth(under):
+    """One rule for error paths: a `raise` right under a rank test is those ranks leaving, at the top of a
+    function or under a test every rank evaluates alike (Megatron-DeepSpeed's retro_dataset.py)."""
+    indent = "    " if under else ""
+    body = textwrap.indent("if dist.get_rank() == 0:\n    raise Exception(d)\ndist.barrier()\nexit()\n", indent)
+    source = "import os\nimport torch.distributed as dist\ndef check(d):\n" + textwrap.indent(
+        (under + "\n" if under else "") + body, "    "
+    )
+    assert found(source) == [(7 if under else 6, "AIF002")]
+
+
+def test_a_raise_under_a_test_every_rank_evaluates_alike_is_an_error_check_at_any_depth():
+    """The other half of the rule: a `raise` right under a test the same on every rank is an error check (a
+    crash), not a path to balance, at the top of a function or inside a rank's branch."""
+    source = """
+        import torch.distributed as dist
+        def load(shards, full):
+            if dist.get_rank() == 0:
+                for name in shards:
+                    if name not in full:
+                        raise KeyError(name)
+                    dist.broadcast(full[name], src=0)
+            else:
+                for name in shards:
+                    dist.broadcast(empty_like(name), src=0)
+            if not full:
+                raise ValueError("empty")
+            dist.barrier()
+    """
+    assert found(source) == []
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        # NeMo's deploy_inframework_hf_triton.py: a default, then another constant under a rank test
+        "start = True\nif dist.is_initialized():\n    if dist.get_rank() > 0:\n        start = False",
+        # nanoGPT's train.py: from the rank on one side, a constant on the other
+        "if ddp:\n    start = int(os.environ['RANK']) == 0\nelse:\n    start = True",
+    ],
+)
+def test_a_flag_rank_dependent_through_two_bindings_is_a_rank_source(setup):
+    source = "import os\nimport torch.distributed as dist\n" + setup + "\nif start:\n    dist.barrier()\n"
+    [(line, code)] = found(source)
+    assert (code, source.splitlines()[line - 1].strip()) == ("AIF002", "dist.barrier()")
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "start = True\nif args.serve:\n    start = False",  # no rank test
+        "start = dist.get_rank() == 0\nstart = True",  # the constant overwrites the rank, on every rank
+        "if ddp:\n    start = int(os.environ['RANK']) == 0\nelse:\n    start = probe()",  # not a constant
+    ],
+)
+def test_a_flag_bound_otherwise_is_not_a_rank_source(setup):
+    source = "import os\nimport torch.distributed as dist\n" + setup + "\nif start:\n    dist.barrier()\n"
+    assert found(source) == []
+
+
+@pytest.mark.parametrize(
+    "guard",
+    ["args.should_save", "self.args.should_save", "training_args.should_save", "get_fs_local_rank() == 0"]
+    + ["mpu.is_last_rank()"],
+)
+def test_the_training_arguments_should_save_olmo_and_megatron_rank_sources(guard):
+    [finding] = lint.check_tree(ast.parse(f"import torch.distributed as dist\nif {guard}:\n    dist.barrier()\n"))
+    assert (finding.line, finding.code) == (3, "AIF002")
+
+
+@pytest.mark.parametrize("guard", ["self.should_save", "config.should_save", "should_save"])
+def test_should_save_on_another_object_is_not_a_rank_source(guard):
+    assert found(f"import torch.distributed as dist\nif {guard}:\n    dist.barrier()\n") == []
+
+
+def test_a_branch_on_a_value_just_broadcast_where_the_receivers_test_the_delivered_copy_is_silent():
+    """The sender broadcasts the size and then tests its own data; the receivers test the size delivered."""
+    assert (
+        found("""
+        import torch
+        import torch.distributed as dist
+        def send(data, rank):
+            if rank == 0:
+                dist.broadcast(torch.tensor([len(data)]), src=0)
+                if len(data) == 0:
+                    return
+                dist.broadcast(payload(data), src=0)
+            else:
+                size = torch.tensor([0])
+                dist.broadcast(size, src=0)
+                if size.item() == 0:
+                    return
+                dist.broadcast(torch.empty(size.item()), src=0)
+    """)
+        == []
+    )
+
+
+def test_a_branch_on_a_value_not_broadcast_is_still_a_finding():
+    """The receivers never learn the sender's test: its second broadcast has no partner."""
+    [(line, code)] = found("""
+        import torch
+        import torch.distributed as dist
+        def send(data, rank):
+            if rank == 0:
+                dist.broadcast(torch.tensor([len(data)]), src=0)
+                if len(data) == 0:
+                    return
+                dist.broadcast(payload(data), src=0)
+            else:
+                size = torch.tensor([0])
+                dist.broadcast(size, src=0)
+    """)
+    assert code == "AIF002"
