@@ -7,8 +7,8 @@ Users set:
   `1`/`on`/`true`/`yes` mean on. An explicit `patch()` call always patches.
 - `ACCELERATE_INORDER_FIX_STARTUP`: `0`/`off`/`false`/`no` leaves only the start-up hook unarmed;
   unset, `1`/`on`/`true`/`yes` mean on. Any other word of these two means on, with one warning.
-- `ACCELERATE_INORDER_MODE`: `barrier` (default) or `gather`, in any case; read at the first in_order
-  call, where the main process's fixes the job's mode.
+- `ACCELERATE_INORDER_MODE`: `barrier` (default) or `gather`, in any case; the main process's fixes the
+  job's mode when its process group starts.
 - `ACCELERATE_INORDER_TIMEOUT`: seconds (a finite number > 0, default 30) the main process waits for a
   rank's record in gather mode, a rank's check-in in barrier mode, and a rank's wait for the main
   process's mode at its first in_order call: T, the unit of every bound in `bounds.py` (docs/promises.md

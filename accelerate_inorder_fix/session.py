@@ -8,7 +8,7 @@ its process group: `destroy_process_group()` ends it (its keys deleted), the nex
 under a key prefix of its own. The mode is fixed once per job: the main process writes its word (mode
 and prefix) when its process group starts (a hook on `init_process_group`; else at its first in_order
 call), every other rank reads it at its first in_order call, waiting at most the call's T.
-The rules for threads, forks, launchers and stores: docs/reference.md.
+The rules for threads, forks, launchers and stores: docs/promises.md.
 """
 
 from __future__ import annotations
