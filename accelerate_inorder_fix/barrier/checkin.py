@@ -11,7 +11,6 @@ bounds: docs/barrier-mode.md.
 
 from __future__ import annotations
 
-import datetime
 import enum
 import json
 import threading
@@ -20,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .._callsite import Site
-from ..store.connection import SHORTEST_WAIT, Store, peek
-from ..store.errors import is_timeout
+from ..store.connection import SHORTEST_WAIT, Store, peek, wait_until
 
 
 GO = b"go"
@@ -187,6 +185,7 @@ class CheckIn:
         self.retired: set[str] = set()
         self.history: dict[str, tuple[int, int, int]] = {}  # `gives_up`'s
         self.calls = 0
+        self.timeout = 0.0  # T, as the last call gave it: what `wait_for` slices
         self._lock = threading.Lock()
         self.absence = Absence()
 
@@ -199,6 +198,7 @@ class CheckIn:
         """
         if call.site in self.retired:
             return RETIRED
+        self.timeout = timeout
         with self._lock:
             self.calls += 1
             self.history[call.site] = (call.k, self.calls, self.history.get(call.site, (0, 0, 0))[1])
@@ -308,13 +308,5 @@ class CheckIn:
         }
 
     def wait_for(self, key: str, deadline: float) -> bool:
-        """Whether `key` is in the store by `deadline` (a wait; at its end `check`, which wakes nobody)."""
-        remaining = deadline - self.clock()
-        if remaining >= SHORTEST_WAIT:  # c10d reads a wait under 1 ms as no timeout at all
-            try:
-                self.store.wait([key], datetime.timedelta(seconds=remaining))
-                return True
-            except Exception as exc:  # noqa: BLE001 -- a timeout at the deadline; anything else is real
-                if not is_timeout(exc):
-                    raise
-        return bool(self.store.check([key]))
+        """Whether `key` is in the store by `deadline` (`connection.wait_until`: in slices no signal stretches)."""
+        return wait_until(self.store, [key], deadline, self.timeout, self.clock)

@@ -7,7 +7,8 @@ proven on real torchrun jobs (CPU gloo, T = `ACCELERATE_INORDER_TIMEOUT` = 2 s) 
 - a site holds at most N + 3 keys, a late last arrival at a call already given up included;
 - two sites, one skipped in the first step (no history: the call with fewer ranks gives up): 2 T at most;
 - a log handler that logs in_order during its rank's turn leaves the outer call whole (its keys deleted);
-- two files of one basename, function and line are two sites.
+- two files of one basename, function and line are two sites;
+- no signal stretches a wait past its bound: a SIGCHLD late in a wait, a Ctrl-C that acts within T/4.
 
 The cases are in scripts/bound_ranks.py; one 3-rank job runs five of them, the deaths have a job each.
 """
@@ -165,3 +166,16 @@ def test_no_call_waits_over_the_call_bound_with_two_ranks_dead_in_their_turns(ve
     assert found == [(c, r) for c in (1, 2) for r in range(4)] + [(3, 0), (3, 2)], found
     named = re.findall(r"rank (\d) did not hand over its turn .* rank (\d) (?:took its turn|returned)", done.stderr)
     assert ("1", "2") in named and ("3", "2") in named, named
+
+
+def test_no_signal_stretches_a_wait_and_ctrl_c_acts_within_a_quarter_timeout():
+    """2 ranks: rank 0 alone makes two calls. A Ctrl-C at T/4 into the first raises within T/4 (ddf0396: torch's
+    TCPStore client restarted its poll with the whole wait, T, after the EINTR); a SIGCHLD at 0.9 T into the
+    second leaves it within `MAIN_ONLY` (ddf0396: 1.9 T). Each record once (the interrupted one never logged)."""
+    done = torchrun(["signals"], 2, "1.15.0")
+    assert done.killed is None and done.returncode == 0, (done, done.stderr[-3000:])
+    interrupt = results(done.lines, "signals", "interrupt")
+    assert set(interrupt) == {0} and interrupt[0] < 0.25 * T, interrupt
+    seconds = results(done.lines, "signals", "seconds")
+    assert set(seconds) == {0} and T <= seconds[0] < bounds.MAIN_ONLY.value * T + MARGIN, seconds
+    assert records(done.lines, "signals") == [(2, 0)], done.lines
