@@ -14,7 +14,7 @@ from .._call import InOrderCall, emit_at_once
 from .._diagnostics import COLLECTIVE, CallWarning, site_text, warn_once
 from ..config import TIMEOUT_ENV
 from ..store.connection import Store
-from .checkin import MARK, Call, CheckIn, Verdict, Why, site_name
+from .checkin import Call, CheckIn, Verdict, Why, site_name
 from .handoff import Turns
 
 
@@ -55,13 +55,6 @@ class BarrierSide:
             warn_once(f"barrier mode lost its store during a call's turns: {exc!r}", key=("turns", type(exc)))
             if not out:
                 emit_at_once(call)
-
-    def close(self) -> None:
-        """Delete this rank's marker (idempotent, never raises); the session's prefix holds the rest."""
-        try:
-            self.checkin.store.delete_key(MARK + str(self.checkin.rank))
-        except Exception:  # noqa: BLE001 -- a store already gone has nothing left to delete
-            return
 
 
 _TAIL = "this call's records are printed unordered on each rank, and so are those of every later in_order call from this line"
