@@ -4,6 +4,7 @@
     torchrun --nproc_per_node 2 bound_ranks.py stall_after_add
     torchrun --nproc_per_node 4 bound_ranks.py two_dead
     torchrun --nproc_per_node 2 bound_ranks.py signals
+    torchrun --nproc_per_node 3 bound_ranks.py late_main
 
 Records are `case#call r<rank> by=r<writer>`; `@@RESULT case r<rank> key=json` lines carry measurements
 (`seconds`, the store `keys` of a site, which sites were given up); after each case a checked `all_reduce`,
@@ -214,6 +215,21 @@ def twins(r):
     r.result("twins", "sites", sorted(site[0] for site in sites() if site[1] == "step"))
 
 
+def late_main(r):
+    """Rank 0 does main-only work for 1.25 T (a checkpoint, an eval) before a line every rank logs at, then every
+    rank makes 6 calls there with no delay: call 1 is given up at T (rank 0's record out at once), calls 2-6 go."""
+
+    def late_main_call(step):
+        r.log.info(f"late_main#{step} r{r.index}", in_order=True)
+
+    start = time.monotonic()
+    for step in range(1, 7):
+        if step == 1 and r.index == 0:
+            time.sleep(1.25 * timeout())
+        late_main_call(step)
+    r.result("late_main", "seconds", round(time.monotonic() - start, 3))
+
+
 def signals(r):
     """Rank 0 alone makes two in_order calls (at two sites), each waiting T for ranks that never come, with a
     signal in the wait: a Ctrl-C (SIGINT) at T/4 into the first, a SIGCHLD (the handler DataLoader installs for
@@ -355,6 +371,7 @@ CASES = {
         junk_first,
         nested,
         twins,
+        late_main,
         signals,
         stall_after_add,
         stall_after_marker,
