@@ -13,7 +13,7 @@ from typing import Callable
 from .._call import InOrderCall, emit_at_once
 from .._diagnostics import COLLECTIVE, CallWarning, site_text, warn_once
 from ..config import TIMEOUT_ENV
-from ..store.connection import Store
+from ..store.connection import Store, hosted_by_rank0
 from .checkin import Call, CheckIn, Verdict, Why, site_name
 from .handoff import Turns
 
@@ -52,7 +52,9 @@ class BarrierSide:
             self.turns.take(where, start + call.timeout, call.timeout, emit)
             self.checkin.forget(where)
         except Exception as exc:  # noqa: BLE001 -- the store failed mid-turns: the record was out, or goes now
-            warn_once(f"barrier mode lost its store during a call's turns: {exc!r}", key=("turns", type(exc)))
+            warn_once(
+                f"barrier mode lost its store during a call's turns{host_gone(self.checkin)}: {exc!r}", key="lost"
+            )
             if not out:
                 emit_at_once(call)
 
@@ -69,6 +71,14 @@ _WHAT = {
 }
 
 
+def host_gone(side: CheckIn) -> str:
+    """Of a store that failed under a rank other than 0: its host, when rank 0 hosts it (its records, and every
+    later call's, come out at once on each rank: no order survives without a store)."""
+    if side.rank == 0 or not hosted_by_rank0(side.store):
+        return ""
+    return " (rank 0, the host of the job's store, died or left, or its server closed the connection; each rank's records come out at once from now)"
+
+
 def say_skipped(side: CheckIn, call: Call, verdict: Verdict, timeout: float) -> None:
     """One line per given-up site, and one more when a second call in a row there gives the line up: said by the
     lowest rank that was there (when every rank came, one stopped in it: by the rank that wrote the skip: the
@@ -79,9 +89,12 @@ def say_skipped(side: CheckIn, call: Call, verdict: Verdict, timeout: float) -> 
         return
     retired = call.site in side.retired
     tail = _TAIL if retired else _ONCE
-    if verdict.why in (Why.DAMAGED, Why.STORE):
-        event = "found something else in the job's store" if verdict.why is Why.DAMAGED else "lost its store"
-        text = CallWarning(where, (rank,), f"{event} at its check-in", None, tail)
+    if verdict.why is Why.STORE:
+        text = CallWarning(where, (rank,), f"lost its store at its check-in{host_gone(side)}", None, tail)
+        warn_once(text, key="lost")
+        return
+    if verdict.why is Why.DAMAGED:
+        text = CallWarning(where, (rank,), "found something else in the job's store at its check-in", None, tail)
     elif rank in verdict.missing:
         if not retired:
             return  # a late rank: the ranks that were there say it

@@ -10,6 +10,7 @@ site would stall another's), with our timeout (T + 5 s) instead of the process g
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import threading
 import time
@@ -102,6 +103,15 @@ def own_connection(store: Store) -> Optional[Store]:
     """The connection a background thread may use: `store` itself when it gives each thread a client of its
     own (a `Connection`); None otherwise (the thread would share a client with the logging calls)."""
     return store if isinstance(store, Connection) else None
+
+
+def hosted_by_rank0(store: Store) -> bool:
+    """Whether `store` (a `Connection`, or a store) is a TCPStore whose server runs in rank 0's process, as under
+    env://, tcp:// and torch.multiprocessing spawn (not torchrun's, whose agent hosts it): it goes when rank 0 goes."""
+    base: Any = getattr(store, "store", store)
+    while hasattr(base, "underlying_store"):  # a PrefixStore
+        base = base.underlying_store
+    return type(base).__name__ == "TCPStore" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
 def peek(store: Store, key: str) -> Optional[bytes]:
