@@ -11,7 +11,6 @@ bounds: docs/barrier-mode.md.
 
 from __future__ import annotations
 
-import datetime
 import enum
 import json
 import threading
@@ -20,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .._callsite import Site
-from ..store.connection import SHORTEST_WAIT, Store, peek
-from ..store.errors import is_timeout
+from ..store.connection import SHORTEST_WAIT, Store, peek, wait_until
 
 
 GO = b"go"
@@ -121,22 +119,24 @@ RETIRED = Verdict(False, Why.RETIRED)
 
 class Absence:
     """The ranks named missing (each with the marker it had then), and the one budget of seconds the
-    calls may still wait for them in all; a rank whose marker changed is back."""
+    calls may still wait for them in all, from one `go` to the next; a rank whose marker changed is back."""
 
     def __init__(self) -> None:
         self.named: dict[int, str] = {}
         self.budget = 0.0
+        self.fresh = True  # no rank named since the last `go`: the next naming sets the budget
         self._lock = threading.Lock()
 
     def name(self, ranks: dict[int, str], timeout: float) -> None:
         with self._lock:
-            if not self.named:
-                self.budget = timeout * ABSENCE_BUDGET
+            if self.fresh:
+                self.budget, self.fresh = timeout * ABSENCE_BUDGET, False
             self.named.update(ranks)
 
     def clear(self) -> None:
         with self._lock:
             self.named.clear()
+            self.fresh = True
 
     def spend(self, seconds: float) -> None:
         with self._lock:
@@ -185,8 +185,11 @@ class CheckIn:
     def __init__(self, store: Store, rank: int, world_size: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.rank, self.world_size, self.clock = store, rank, world_size, clock
         self.retired: set[str] = set()
+        self.skipped: dict[str, int] = {}  # site -> its last call given up (a second in a row retires the site)
+        self.missed: dict[str, set[int]] = {}  # site -> the ranks its last call given up named missing
         self.history: dict[str, tuple[int, int, int]] = {}  # `gives_up`'s
         self.calls = 0
+        self.timeout = 0.0  # T, as the last call gave it: what `wait_for` slices
         self._lock = threading.Lock()
         self.absence = Absence()
 
@@ -199,6 +202,7 @@ class CheckIn:
         """
         if call.site in self.retired:
             return RETIRED
+        self.timeout = timeout
         with self._lock:
             self.calls += 1
             self.history[call.site] = (call.k, self.calls, self.history.get(call.site, (0, 0, 0))[1])
@@ -209,17 +213,35 @@ class CheckIn:
         if verdict.go:
             self.absence.clear()  # every rank was here
             return verdict
-        self.retired.add(call.site)
+        if verdict.why in (Why.CYCLE, Why.STORE) or verdict.other or self.skipped.get(call.site) == call.k - 1:
+            self.retire(call)
+        self.skipped[call.site], self.missed[call.site] = call.k, set(verdict.missing) - {self.rank}
         if verdict.why is Why.TIMEOUT and not verdict.missing:  # every rank was here: one stopped in it
             self.absence.name({q: call.marker for q in range(self.world_size) if q != self.rank}, timeout)
         elif verdict.why in (Why.TIMEOUT, Why.ABSENT):
             self.absence.name({q: m for q, m in verdict.missing.items() if q != self.rank}, timeout)
         return verdict
 
+    def retire(self, call: Call) -> None:
+        """Give `call`'s site up on this rank: its later calls are logged at once. After two calls in a row given
+        up, the rank deletes the verdict of the site's last `go` (every rank left it; its rank 0 may be the one
+        that skipped)."""
+        self.retired.add(call.site)
+        if self.skipped.get(call.site) == call.k - 1 and call.k > 2:
+            try:
+                self.store.delete_key(Call(call.site, call.k - 2).key)
+            except Exception:  # noqa: BLE001 -- a store failed under us: the key stays (said at its next call)
+                return
+
+    def previous(self, call: Call) -> int:
+        """The site's last `go` before `call`, a `go` (0: none): one call given up between them at most."""
+        return call.k - (2 if self.skipped.get(call.site) == call.k - 1 else 1)
+
     def forget(self, call: Call) -> None:
-        """After a `go` call's turns, rank 0 deletes the verdict of the call before (every rank left it)."""
-        if self.rank == 0 and call.k > 1:
-            self.store.delete_key(Call(call.site, call.k - 1).key)
+        """After a `go` call's turns, rank 0 deletes the verdicts since the site's last `go` (every rank left them)."""
+        if self.rank == 0:
+            for k in range(max(self.previous(call), 1), call.k):
+                self.store.delete_key(Call(call.site, k).key)
 
     def _check_in(self, call: Call, deadline: float, timeout: float) -> bytes:
         self.store.set(MARK + str(self.rank), call.marker)  # before the count: a counted rank is marked here
@@ -227,23 +249,24 @@ class CheckIn:
         last = call.k * self.world_size
         if arrived == last:
             return self._decide(call, GO)
-        if not last - self.world_size < arrived < last:  # a counter someone else wrote to
+        if not last - 2 * self.world_size < arrived < last:  # a counter someone else wrote to (a rank late to
+            # the call before may not be counted there yet)
             return self._give_up(call, Why.DAMAGED, {})
         return self._await(call, deadline, timeout)
 
     def _await(self, call: Call, deadline: float, timeout: float) -> bytes:
         """Wait for the verdict until the deadline (absent ranks: from the budget only); then give the
         call up, or, when it won a wait-for cycle, the other call, and wait on one more T."""
-        end = deadline
+        end, won = deadline, None  # won: the other call of a wait-for cycle this one won
         while True:
-            absent = self.absence.still(self._markers(), call.marker) if self.absence.named else {}
+            absent = self._absent(call)
             until = min(end, self.clock() + self.absence.budget) if absent else end
             began = self.clock()
             if self.wait_for(call.key, until):  # a write: nothing here peeks a key that may be missing
                 return bytes(self.store.get(call.key))
             if absent:
                 self.absence.spend(self.clock() - began)
-                absent = self.absence.still(self._markers(), call.marker)
+                absent = self._absent(call)
                 if absent and self.absence.budget <= 0.0:
                     return self._give_up(call, Why.ABSENT, absent)
                 if self.clock() < end:
@@ -254,11 +277,33 @@ class CheckIn:
                 end = deadline + timeout * LAST_WAIT
                 continue
             if end == deadline and self._won_cycle(call, markers, missing):
-                end = deadline + timeout
+                end, won = deadline + timeout, Call.parse(next(iter(missing.values())))
                 continue
             if self.store.check([call.key]):  # decided meanwhile (by the cycle's other side)
                 return bytes(self.store.get(call.key))
-            return self._give_up(call, Why.TIMEOUT, missing)
+            return self._give_up(call, Why.TIMEOUT, missing, won or self._held_up(call, missing))
+
+    def _held_up(self, call: Call, missing: dict[int, str]) -> Optional[Call]:
+        """The one other call every missing rank is at, when it went and its turns wait for this rank (whose log
+        handler made this call in its turn): they passed this line by, as in a wait-for cycle. None otherwise."""
+        others = set(missing.values())
+        other = Call.parse(others.pop()) if len(others) == 1 else None
+        if other is None or other.site == call.site or not self.store.check([other.key]):
+            return None
+        return (
+            other if peek(self.store, other.key) == GO and not self.store.check([other.handoff(self.rank)]) else None
+        )
+
+    def _absent(self, call: Call) -> dict[int, str]:
+        """The ranks this call waits for from the absence budget only: those named missing and not back, and, at
+        the call after one given up at its site, the ranks that call missed, until they come here."""
+        missed = self.missed.get(call.site, ()) if self.skipped.get(call.site) == call.k - 1 else ()
+        if not self.absence.named and not missed:
+            return {}
+        markers = self._markers()
+        absent = self.absence.still(markers, call.marker) if self.absence.named else {}
+        absent.update({q: markers.get(q, "") for q in missed if markers.get(q) != call.marker})
+        return absent
 
     def _won_cycle(self, call: Call, markers: dict[int, str], missing: dict[int, str]) -> bool:
         """Whether every missing rank waits at one other undecided call (which waits for this one), and
@@ -308,13 +353,5 @@ class CheckIn:
         }
 
     def wait_for(self, key: str, deadline: float) -> bool:
-        """Whether `key` is in the store by `deadline` (a wait; at its end `check`, which wakes nobody)."""
-        remaining = deadline - self.clock()
-        if remaining >= SHORTEST_WAIT:  # c10d reads a wait under 1 ms as no timeout at all
-            try:
-                self.store.wait([key], datetime.timedelta(seconds=remaining))
-                return True
-            except Exception as exc:  # noqa: BLE001 -- a timeout at the deadline; anything else is real
-                if not is_timeout(exc):
-                    raise
-        return bool(self.store.check([key]))
+        """Whether `key` is in the store by `deadline` (`connection.wait_until`: in slices no signal stretches)."""
+        return wait_until(self.store, [key], deadline, self.timeout, self.clock)

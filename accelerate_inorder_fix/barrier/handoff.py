@@ -66,8 +66,9 @@ class Turns:
             after = self._first_missing(call, range(self.rank + 1, self.last + 1))
             if after is not None and after < self.last:  # the rank right after the break hands over about now
                 self.checkin.wait_for(call.handoff(self.last), clock() + timeout * LATE_WAIT)
-        if call.k > 1:
-            store.delete_key(Call(call.site, call.k - 1).handoff(self.rank))
+        previous = self.checkin.previous(call)
+        if previous > 0:
+            store.delete_key(Call(call.site, previous).handoff(self.rank))
         for q in (named, after):
             if q is not None:
                 self._say_broken(call, q, timeout)

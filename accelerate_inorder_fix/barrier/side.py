@@ -13,8 +13,8 @@ from typing import Callable
 from .._call import InOrderCall, emit_at_once
 from .._diagnostics import COLLECTIVE, CallWarning, site_text, warn_once
 from ..config import TIMEOUT_ENV
-from ..store.connection import Store
-from .checkin import MARK, Call, CheckIn, Verdict, Why, site_name
+from ..store.connection import Store, hosted_by_rank0
+from .checkin import Call, CheckIn, Verdict, Why, site_name
 from .handoff import Turns
 
 
@@ -52,19 +52,18 @@ class BarrierSide:
             self.turns.take(where, start + call.timeout, call.timeout, emit)
             self.checkin.forget(where)
         except Exception as exc:  # noqa: BLE001 -- the store failed mid-turns: the record was out, or goes now
-            warn_once(f"barrier mode lost its store during a call's turns: {exc!r}", key=("turns", type(exc)))
+            warn_once(
+                f"barrier mode lost its store during a call's turns{host_gone(self.checkin)}: {exc!r}", key="lost"
+            )
             if not out:
                 emit_at_once(call)
 
-    def close(self) -> None:
-        """Delete this rank's marker (idempotent, never raises); the session's prefix holds the rest."""
-        try:
-            self.checkin.store.delete_key(MARK + str(self.checkin.rank))
-        except Exception:  # noqa: BLE001 -- a store already gone has nothing left to delete
-            return
-
 
 _TAIL = "this call's records are printed unordered on each rank, and so are those of every later in_order call from this line"
+_ONCE = (
+    "this call's records are printed unordered on each rank; the line stays ordered: its next call waits for every "
+    "rank again (two calls in a row given up there give the line up)"
+)
 _WHAT = {
     Why.CYCLE: ("had not made it, waiting at another in_order call ({other}) for the ranks here", 1.0),
     Why.ABSENT: ("had not made it, missing since an earlier in_order call and not back within half of {env}", 0.5),
@@ -72,25 +71,46 @@ _WHAT = {
 }
 
 
+def host_gone(side: CheckIn) -> str:
+    """Of a store that failed under a rank other than 0: its host, when rank 0 hosts it (its records, and every
+    later call's, come out at once on each rank: no order survives without a store)."""
+    if side.rank == 0 or not hosted_by_rank0(side.store):
+        return ""
+    return " (rank 0, the host of the job's store, died or left, or its server closed the connection; each rank's records come out at once from now)"
+
+
 def say_skipped(side: CheckIn, call: Call, verdict: Verdict, timeout: float) -> None:
-    """One line per given-up site: said by the rank that came late, or by the lowest rank that was there (when
-    every rank came, one stopped in it: by the rank that wrote the skip: the lowest may be the one that stopped)."""
+    """One line per given-up site, and one more when a second call in a row there gives the line up: said by the
+    lowest rank that was there (when every rank came, one stopped in it: by the rank that wrote the skip: the
+    lowest may be the one that stopped); of a line given up at once (a wait-for cycle), by the rank that came late."""
     where, rank = site_text(call.site), side.rank
     present = [q for q in range(side.world_size) if q not in verdict.missing]
     if verdict.why is Why.RETIRED:
         return
-    if verdict.why in (Why.DAMAGED, Why.STORE):
-        event = "found something else in the job's store" if verdict.why is Why.DAMAGED else "lost its store"
-        text = CallWarning(where, (rank,), f"{event} at its check-in", None, _TAIL)
+    retired = call.site in side.retired
+    tail = _TAIL if retired else _ONCE
+    if verdict.why is Why.STORE:
+        text = CallWarning(where, (rank,), f"lost its store at its check-in{host_gone(side)}", None, tail)
+        warn_once(text, key="lost")
+        return
+    if verdict.why is Why.DAMAGED:
+        text = CallWarning(where, (rank,), "found something else in the job's store at its check-in", None, tail)
     elif rank in verdict.missing:
+        if not retired:
+            return  # a late rank: the ranks that were there say it
         text = CallWarning(where, (rank,), "came after the call had been given up", 0, _TAIL, COLLECTIVE)
     elif rank != (verdict.decider if not verdict.missing and verdict.decider >= 0 else (present or [rank])[0]):
         return  # said once: by the lowest rank there; when every rank came, by the skip's writer (alive)
     elif not verdict.missing:
         event = f"every rank came to it, but one stopped in its check-in (it died, or hangs) within {timeout:g} s ({TIMEOUT_ENV})"
-        text = CallWarning(where, (), event, timeout, _TAIL)
+        text = CallWarning(where, (), event, timeout, tail)
     else:
         what, share = _WHAT.get(verdict.why, _WHAT[Why.TIMEOUT])
         event = what.format(other=site_text(verdict.other.rpartition("/")[0]), timeout=timeout, env=TIMEOUT_ENV)
-        text = CallWarning(where, tuple(sorted(verdict.missing)), event, timeout * share, _TAIL, COLLECTIVE)
+        text = CallWarning(where, tuple(sorted(verdict.missing)), event, timeout * share, tail, COLLECTIVE)
+    if retired and verdict.why is not Why.CYCLE and warn_once(text, key=("checkin", call.site)) is False:
+        event = "missed two calls in a row here (a call skipped, not only late)"
+        text = CallWarning(where, tuple(sorted(verdict.missing)), event, text.cost, _TAIL, COLLECTIVE)
+        warn_once(text, key=("checkin", call.site, "retired"))
+        return
     warn_once(text, key=("checkin", call.site))

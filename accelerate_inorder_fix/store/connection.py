@@ -10,9 +10,11 @@ site would stall another's), with our timeout (T + 5 s) instead of the process g
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import threading
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
 from .errors import is_timeout
 
@@ -23,6 +25,7 @@ Store = Any
 
 PREFIX = "accelerate_inorder_fix/"
 SHORTEST_WAIT = 0.002  # seconds: a shorter wait is none (c10d reads a wait under 1 ms as no timeout at all)
+SLICE = 0.125  # of the wait's timeout T: the longest single store wait (`wait_until`)
 UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
 
@@ -96,6 +99,15 @@ def default_group() -> Optional[object]:
         return None
 
 
+def hosted_by_rank0(store: Store) -> bool:
+    """Whether `store` (a `Connection`, or a store) is a TCPStore whose server runs in rank 0's process, as under
+    env://, tcp:// and torch.multiprocessing spawn (not torchrun's, whose agent hosts it): it goes when rank 0 goes."""
+    base: Any = getattr(store, "store", store)
+    while hasattr(base, "underlying_store"):  # a PrefixStore
+        base = base.underlying_store
+    return type(base).__name__ == "TCPStore" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+
+
 def peek(store: Store, key: str) -> Optional[bytes]:
     """The value of `key`, or None when it has none: never waits, never creates it.
 
@@ -106,20 +118,41 @@ def peek(store: Store, key: str) -> Optional[bytes]:
     return None if blob == UNSET else blob
 
 
+def wait_until(
+    store: Store, keys: list[str], deadline: float, timeout: float, clock: Callable[[], float] = time.monotonic
+) -> bool:
+    """Whether every key in `keys` is in the store by `deadline` (on `clock`): every store wait of a call.
+
+    The wait is cut into slices of at most `SLICE` T, each armed with the time left: torch's TCPStore client
+    restarts its poll with the whole timeout after EINTR (a DataLoader worker's SIGCHLD, a Ctrl-C), so a
+    signal stretches a wait past its deadline by at most one slice (T/8), and a Ctrl-C raises within one.
+    Cost: none while a key comes within a slice; per slice that runs out, one more wait request (and its
+    cancel), and torch's two `[c10d] waitForInput` lines (docs/c10d-warnings.md). At the deadline, one
+    `check` (it wakes nobody). Never raises on a timeout; raises what the store raises otherwise.
+
+    Args:
+        deadline: on `clock`, when the wait ends.
+        timeout: T, in seconds: the slice is `SLICE` of it.
+    """
+    while True:
+        left = deadline - clock()
+        if left < SHORTEST_WAIT:
+            return bool(store.check(keys))
+        try:
+            store.wait(keys, datetime.timedelta(seconds=min(left, max(timeout * SLICE, SHORTEST_WAIT))))
+            return True
+        except Exception as exc:
+            if not is_timeout(exc):
+                raise
+
+
 def wait_get(store: Store, key: str, seconds: float) -> Optional[bytes]:
-    """The value of `key`, waiting up to `seconds` for it; None when it did not come (one wait, no loop).
+    """The value of `key`, waiting up to `seconds` (T) for it (`wait_until`); None when it did not come.
 
     Raises what the store raises otherwise (a failed store).
     """
-    if not store.check([key]):
-        if seconds < SHORTEST_WAIT:
-            return None
-        try:
-            store.wait([key], datetime.timedelta(seconds=seconds))
-        except RuntimeError as exc:
-            if is_timeout(exc):
-                return None
-            raise
+    if not wait_until(store, [key], time.monotonic() + seconds, seconds):
+        return None
     return bytes(store.get(key))
 
 

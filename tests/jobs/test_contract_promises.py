@@ -4,7 +4,9 @@
 - barrier mode, a filter or a handler that raises: that record is lost with one line on stderr, the rank
   keeps its turn (the blocks stay whole and in rank order, the next collective pairs up);
 - a broken process group (a rank killed in its turn, mid-call): every other rank's call ends, each with one line;
-- a user's `stacklevel` on a 2-rank job, in both modes: every rank's record names the user's call site.
+- a user's `stacklevel` on a 2-rank job, in both modes: every rank's record names the user's call site;
+- barrier mode, quiet at exit when the store's host (rank 0) left first: no store request to a server that is gone;
+- barrier mode, the store's host (rank 0) killed in its turn: every survivor's record once, one line each naming it.
 
 Real `torchrun` jobs on CPU gloo (the killed rank: plain processes, no agent to tear the job down), each
 under a hard timeout that kills its whole process tree.
@@ -142,3 +144,39 @@ def test_a_rank_killed_in_its_turn_ends_every_other_ranks_call_in_order_and_is_n
         if line.startswith("@@RESULT killed_in_turn ") and "seconds=" in line
     }
     assert set(seconds) == {0, 2} and max(seconds.values()) < bounds.DEATH.value * T + MARGIN, seconds
+
+
+def test_barrier_mode_is_quiet_at_exit_when_the_stores_host_left_first() -> None:
+    """env:// (rank 0 hosts the store): rank 0 leaves at once after its calls, the others a second later, by a plain
+    exit. No rank asks the gone server for anything at exit (ddf0396: each deleted its marker, and torch printed
+    `[c10d] recvValue failed ... Connection was likely closed` on every other rank)."""
+    env = {k: v for k, v in _env("barrier").items() if k != "TORCH_CPP_LOG_LEVEL"}
+    cmd = [sys.executable, str(SCRIPTS / "spawn_ranks.py"), "3", SCRIPT, "main_leaves_first"]
+    job = _launch.run(cmd, env=env, timeout=120, stall=60)
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
+    assert _done(job.lines, "main_leaves_first") == {0, 1, 2}
+    calls = [(c, r) for c, r, _, _ in _records(job.lines, "main_leaves_first")]
+    assert calls == [(c, r) for c in range(3) for r in range(3)], calls
+    assert "[c10d]" not in job.stderr and "Traceback" not in job.stderr, job.stderr[-3000:]
+
+
+def test_the_stores_host_killed_in_its_turn_is_named_and_every_survivors_record_comes_out_once() -> None:
+    """env:// (rank 0 hosts the store): rank 0 dies in its turn of call 1, the store with it. Each survivor's record
+    comes out once, at once (no order survives without a store), with one line naming rank 0 as the store's host
+    (ddf0396: "lost its store during a call's turns", naming nobody)."""
+    env = {**_env("barrier"), "ACCELERATE_INORDER_TIMEOUT": str(T)}
+    cmd = [sys.executable, str(SCRIPTS / "spawn_ranks.py"), "3", SCRIPT, "host_dies_in_turn"]
+    job = _launch.run(cmd, env=env, timeout=120, stall=60)
+    assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
+    assert _done(job.lines, "host_dies_in_turn") == {1, 2}
+    calls = sorted((c, r) for c, r, _, _ in _records(job.lines, "host_dies_in_turn"))
+    assert calls == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2)], calls
+    named = [line for line in job.stderr.splitlines() if "rank 0, the host of the job's store" in line]
+    assert len(named) == 2, job.stderr[-3000:]  # one on each survivor
+    assert "Traceback" not in job.stderr, job.stderr[-3000:]
+    seconds = {
+        int(line.split()[2][1:]): float(line.split("seconds=")[1])
+        for line in job.lines
+        if line.startswith("@@RESULT host_dies_in_turn ") and "seconds=" in line
+    }
+    assert set(seconds) == {1, 2} and max(seconds.values()) < bounds.DEATH.value * T + MARGIN, seconds

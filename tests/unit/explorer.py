@@ -712,8 +712,24 @@ def check(sim: Sim) -> list[str]:
             for e in sim.events
             if e[0] == "verdict" and "M.py" not in e[2] and not e[3].go
         ]
+    problems += _late_only(sim)
     problems += _store(sim)
     return problems
+
+
+def _late_only(sim: Sim) -> list[str]:
+    """Late is not skipped: when the one fault is a rank late by at most 1.2 T once, no line is given up for good."""
+    script = sim.script
+    if len(script.notes) != 1 or not script.notes[0].startswith("late:"):
+        return []
+    late = max((a[1] for acts in script.actions.values() for a in acts if a[0] == "delay"), default=0.0)
+    if late > 1.2 * T:
+        return []
+    return [
+        f"{e[2]} was retired, though a rank was only late"
+        for e in sim.events
+        if e[0] == "verdict" and e[3].why == "retired"
+    ]
 
 
 def _verdicts(sim: Sim) -> list[str]:
@@ -888,6 +904,21 @@ def _no_retire(self: checkin.CheckIn, *args: Any, **kwargs: Any) -> None:
     self.retired = _Forgetful()
 
 
+class _Any:
+    def __eq__(self, other: object) -> bool:
+        return True
+
+
+class _EverySkipInARow(dict):  # type: ignore[type-arg]
+    def get(self, key: Any, default: Any = None) -> Any:
+        return _Any()
+
+
+def _retire_at_once(self: checkin.CheckIn, *args: Any, **kwargs: Any) -> None:
+    _INIT(self, *args, **kwargs)
+    self.skipped = _EverySkipInARow()  # every skip reads as the second in a row: a late rank costs its line
+
+
 def _keep_old_verdicts(self: checkin.CheckIn, call: checkin.Call) -> None:
     pass
 
@@ -947,6 +978,7 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "no-absent": ("absence:still", _no_absent),
     "absence-budget-three-quarters": ("ABSENCE_BUDGET", 0.75),
     "no-retire": ("__init__", _no_retire),
+    "retire-at-once": ("__init__", _retire_at_once),
     "keep-old-verdicts": ("forget", _keep_old_verdicts),
     "no-handoff-wait": ("handoff:take", _turns(wait_before=False)),
     "no-final-wait": ("handoff:take", _turns(wait_last=False)),

@@ -116,6 +116,20 @@ def test_one_call_skipped_once_in_a_loop_costs_one_wait_and_names_only_that_rank
     assert named <= {3}
 
 
+@pytest.mark.parametrize("late", [1.2, 1.4])
+def test_a_rank_late_past_the_timeout_once_costs_that_call_only_and_the_line_goes_again(late):
+    """Rank 0 comes `late` T to the first of 6 calls at A (main-only work before the line): call 1 is given up
+    at T, its record out at once; calls 2-6 go, in rank order, for every rank (a skip no longer retires)."""
+    script = loop(3, 6, ["A"], collective=False)
+    script.actions[0].insert(0, ("delay", late * T))
+    script.divergences += 1
+    sim, problems = run(script)
+    assert not problems, problems
+    for r in range(3):
+        assert [e[3].go for e in verdicts(sim, "A", r)] == [False] + [True] * 5, r
+    assert max(waited(sim, r) for r in range(3)) <= bounds.DIVERGENCE.value * T
+
+
 def test_the_whole_step_skipped_by_one_rank_at_two_sites_costs_one_wait():
     script = drop(drop(loop(4, 12, ["A", "B"]), 3, 2, "A"), 3, 2, "B")
     script.divergences = 1
@@ -361,15 +375,26 @@ def test_a_cycle_after_a_skipped_call_gives_up_the_call_skipped_by_the_site_orde
     assert not checkin.gives_up(b3, a3, at_b, (1, 3, False))
 
 
-def test_a_skip_retires_its_site_and_a_rank_that_comes_later_reads_it_without_waiting():
+def test_a_rank_that_comes_after_a_skip_reads_it_without_waiting_and_the_site_goes_on():
     script = loop(3, 4, ["A"], collective=False)
-    script.actions[2].insert(1, ("delay", 1.5 * T))  # rank 2 comes to call 2 after it was given up
+    script.actions[2].insert(1, ("delay", 1.25 * T))  # rank 2 comes to call 2 after it was given up
     script.divergences = 1
     sim, problems = run(script)
     assert not problems, problems
     late = [e for e in verdicts(sim, rank=2) if e[2].endswith("/2")]
     assert late and not late[0][3].go and late[0][5] == late[0][4]
-    assert all(e[3].why == "retired" for e in verdicts(sim) if e[2].endswith(("/3", "/4")))
+    assert all(e[3].go for e in verdicts(sim) if e[2].endswith(("/3", "/4")))
+    assert len(sim.data) <= bounds.store_keys(3, 1), sorted(sim.data)
+
+
+def test_two_calls_in_a_row_given_up_at_a_site_retire_it():
+    """Rank 2 skips call 2 of 5 with a collective each step: call 2 is given up at T, call 3 (rank 2 comes to its
+    call 2, the skip) after T/2 more; the site is retired on every rank: calls 4-5 logged at once, 1.5 T in all."""
+    script = drop(loop(3, 5, ["A"]), rank=2, step=1, site="A")
+    sim, problems = run(script)
+    assert not problems, problems
+    assert all(e[3].why == "retired" for e in verdicts(sim) if e[2].endswith(("/4", "/5")))
+    assert max(waited(sim, r) for r in range(3)) <= 1.5 * T + 1e-9
     assert len(sim.data) <= bounds.store_keys(3, 1), sorted(sim.data)
 
 

@@ -3,6 +3,8 @@
     torchrun --nproc_per_node 3 bound_ranks.py late_last,first_step_skip,junk_first,nested,twins
     torchrun --nproc_per_node 2 bound_ranks.py stall_after_add
     torchrun --nproc_per_node 4 bound_ranks.py two_dead
+    torchrun --nproc_per_node 2 bound_ranks.py signals
+    torchrun --nproc_per_node 3 bound_ranks.py late_main
 
 Records are `case#call r<rank> by=r<writer>`; `@@RESULT case r<rank> key=json` lines carry measurements
 (`seconds`, the store `keys` of a site, which sites were given up); after each case a checked `all_reduce`,
@@ -213,6 +215,52 @@ def twins(r):
     r.result("twins", "sites", sorted(site[0] for site in sites() if site[1] == "step"))
 
 
+def late_main(r):
+    """Rank 0 does main-only work for 1.25 T (a checkpoint, an eval) before a line every rank logs at, then every
+    rank makes 6 calls there with no delay: call 1 is given up at T (rank 0's record out at once), calls 2-6 go."""
+
+    def late_main_call(step):
+        r.log.info(f"late_main#{step} r{r.index}", in_order=True)
+
+    start = time.monotonic()
+    for step in range(1, 7):
+        if step == 1 and r.index == 0:
+            time.sleep(1.25 * timeout())
+        late_main_call(step)
+    r.result("late_main", "seconds", round(time.monotonic() - start, 3))
+
+
+def signals(r):
+    """Rank 0 alone makes two in_order calls (at two sites), each waiting T for ranks that never come, with a
+    signal in the wait: a Ctrl-C (SIGINT) at T/4 into the first, a SIGCHLD (the handler DataLoader installs for
+    the life of the process) at 0.9 T into the second. Results: how long the Ctrl-C took to act, how long the
+    second call took."""
+    import threading
+
+    def interrupted_call():
+        r.log.info(f"signals#1 r{r.index}", in_order=True)
+
+    def sigchld_call():
+        r.log.info(f"signals#2 r{r.index}", in_order=True)
+
+    def at(fraction, signum):
+        main = threading.get_ident()
+        threading.Timer(fraction * timeout(), signal.pthread_kill, (main, signum)).start()
+
+    if r.index == 0:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        before = signal.signal(signal.SIGCHLD, lambda *_: None)
+        at(0.25, signal.SIGINT)
+        start = time.monotonic()
+        try:
+            interrupted_call()
+        except KeyboardInterrupt:
+            r.result("signals", "interrupt", round(time.monotonic() - start - 0.25 * timeout(), 3))
+        at(0.9, signal.SIGCHLD)
+        timed(r, "signals", sigchld_call)
+        signal.signal(signal.SIGCHLD, before)
+
+
 # -- cases that kill ranks ---------------------------------------------------------------------------
 
 
@@ -317,7 +365,18 @@ def two_dead(r):
 
 CASES = {
     f.__name__: f
-    for f in (late_last, first_step_skip, junk_first, nested, twins, stall_after_add, stall_after_marker, two_dead)
+    for f in (
+        late_last,
+        first_step_skip,
+        junk_first,
+        nested,
+        twins,
+        late_main,
+        signals,
+        stall_after_add,
+        stall_after_marker,
+        two_dead,
+    )
 }
 
 

@@ -120,8 +120,38 @@ def killed_in_turn(r: Rank) -> Optional[str]:
     os._exit(0)  # the process group is broken: no collective, no orderly teardown can follow
 
 
+def host_dies_in_turn(r: Rank) -> Optional[str]:
+    """Rank 0, the store's host under env://, dies in its turn of an in_order call: the store goes with it."""
+    r.log.info(f"host_dies_in_turn#0 r{r.index}", in_order=True)
+    r.all_reduce_sum()
+    if r.index == 0:
+        logging.getLogger(LOGGER).addFilter(_Dies())
+    start = time.monotonic()
+    r.log.info(f"host_dies_in_turn#1 r{r.index}", in_order=True)
+    r.result("host_dies_in_turn", "seconds", round(time.monotonic() - start, 3))
+    say(f"@@DONE host_dies_in_turn r{r.index}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the process group is broken: no collective, no orderly teardown can follow
+
+
+def main_leaves_first(r: Rank) -> Optional[str]:
+    """Three calls on every rank; then rank 0 (the store's host under env://) leaves at once, the others a second
+    later, each by a plain exit (its atexit handlers run): nothing may ask the store, gone, for anything."""
+    for call in range(3):
+        r.log.info(f"main_leaves_first#{call} r{r.index}", in_order=True)
+    r.all_reduce_sum()
+    say(f"@@DONE main_leaves_first r{r.index}")
+    sys.stdout.flush()
+    if r.index == 0:
+        os._exit(0)  # the store's server goes with it
+    time.sleep(1.0)
+    sys.exit(0)
+
+
 CASES: dict[str, Callable[[Rank], Optional[str]]] = {
-    f.__name__: f for f in (raising_filter, raising_handler, stacklevel, killed_in_turn)
+    f.__name__: f
+    for f in (raising_filter, raising_handler, stacklevel, killed_in_turn, host_dies_in_turn, main_leaves_first)
 }
 
 
