@@ -4,9 +4,10 @@ Each rank marks where it is (`w/<r>`), counts itself in at the call's site (`add
 verdict, written with `compare_set(key, "", verdict)` so the first value wins for everyone: `go` (only
 a rank that counted all N arrivals writes it) or a skip naming the missing ranks (any rank at its
 deadline writes one; a wait-for cycle of two calls gives one up by a rule every rank computes alike;
-ranks already named absent are waited for from one budget only). A skip retires its site on every rank
-that reads it: a call some rank skips costs each rank at most 2 T in all. The whole story, its keys and
-bounds: docs/barrier-mode.md.
+ranks already named absent are waited for from one budget only). A skip costs its call: the site's next
+call is in rank order again, and two calls in a row given up there (a rank that skips calls, which counts
+alone cannot tell from a late one) retire the site; a call some rank skips costs each rank at most 2 T in
+all. The whole story, its keys and bounds: docs/barrier-mode.md.
 """
 
 from __future__ import annotations
