@@ -13,7 +13,7 @@ import collections
 import logging
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import Optional, Union
 
 from .. import bounds
 from .._callsite import Identity, Site
@@ -21,7 +21,7 @@ from .._diagnostics import COLLECTIVE, CallWarning, ranks_text, site_text, warn_
 from ..config import SETTINGS, TIMEOUT_ENV
 from ..store.connection import SHORTEST_WAIT
 from . import collapse, records
-from .queues import QUEUE, Inbox
+from .queues import QUEUE, Inbox, Refused, Taken
 
 
 Block = dict[int, Optional[logging.LogRecord]]  # one call's records by rank (None: the rank had none to print)
@@ -118,15 +118,17 @@ class Collector:
                 return
             self._route_all(self.inbox.take(todo), identity, block)
 
-    def _route_all(self, taken: list[tuple[int, Optional[bytes]]], current: Identity, block: Block) -> None:
+    def _route_all(self, taken: Taken, current: Identity, block: Block) -> None:
         for rank, payload in taken:
             if payload is not None:
                 self._route(rank, payload, current, block)
 
-    def _route(self, rank: int, payload: bytes, current: Optional[Identity], block: Block) -> None:
+    def _route(self, rank: int, payload: Union[bytes, Refused], current: Optional[Identity], block: Block) -> None:
         """File one record of `rank`: into `block` if it is of `current`, emitted if late, else kept for its call."""
         self.heard.add(rank)
         try:
+            if isinstance(payload, Refused):
+                raise records.MalformedRecord(payload.reason)
             identity, record = records.decode(payload, rank)
         except records.MalformedRecord as exc:
             where = describe(current) if current else ""

@@ -319,3 +319,46 @@ def test_losses_held_at_exit_are_said(capsys):
     capsys.readouterr()
     _diagnostics.DIAGNOSTICS.say_held()
     assert "5 more warning(s)" in capsys.readouterr().err
+
+
+HOSTILE_HEADS = {  # what one rank may write in place of its record's head
+    "two pieces, one there": b"2\n" + b"x" * queues.CHUNK,
+    "300,000 pieces": b"300000\n" + b"x" * queues.CHUNK,
+    "1,500,000 pieces": b"1500000\n" + b"x" * queues.CHUNK,
+    "5,000 digits": b"9" * 5000 + b"\nx",
+    "no count": b"x" * 100,
+    "a count of 0": b"0\n",
+    "a first piece too long": b"1\n" + b"x" * (queues.CHUNK + 1),
+    "a first piece too short": b"3\n" + b"x" * 10,
+}
+
+
+def test_the_most_parts_are_those_of_the_largest_record():
+    assert queues.MOST_PARTS == -(-records.MAX_RECORD // queues.CHUNK)
+
+
+@pytest.mark.parametrize("head", list(HOSTILE_HEADS.values()), ids=list(HOSTILE_HEADS))
+def test_a_hostile_head_costs_its_rank_one_record_said_once_and_nothing_of_the_others(monkeypatch, capsys, head):
+    """Rank 2 writes a crafted head where its record of call 2 goes, while ranks 1 and 3 post theirs: the main
+    process reads no more than an honest record takes, moves past it, and prints every other record in its block."""
+    job = Job(4, monkeypatch)
+    job.store.timeout = 0.01  # a `get` of a key that never comes: a store error at once, not a wait
+    hostile = job.outboxes[2]
+    for count in range(1, 6):
+        for rank in (1, 2, 3):
+            if rank == 2 and count == 2:
+                job.store.set(queues.record_key(2, hostile.sent), head)  # its own key, as a post would write it
+                hostile.parts[hostile.sent], hostile.sent = 1, hostile.sent + 1
+            else:
+                job.post(rank, count)
+        job.store.calls.clear()
+        assert job.call(count) < T
+        asked = sum(keys for method, keys in job.store.calls if method in ("get", "multi_get", "check"))
+        assert asked <= 2 * 4, job.store.calls  # the heads, and a check of each rank's next key at most
+    job.end()
+    want = [(r, f"[RANK {r}] step {c}") for c in range(1, 6) for r in range(4) if (r, c) != (2, 2)]
+    assert job.emitted() == want
+    errors = capsys.readouterr().err
+    assert errors.count("rank 2 sent something that is not an in_order record") == 1, errors
+    assert "sent no record" not in errors and "could not" not in errors, errors
+    assert job.store.data == {}
