@@ -10,6 +10,7 @@ site would stall another's), with our timeout (T + 5 s) instead of the process g
 from __future__ import annotations
 
 import datetime
+import socket
 import sys
 import threading
 from typing import Any, Optional
@@ -52,8 +53,13 @@ class Connection:
         return mine
 
     def fresh(self) -> Store:
-        """This thread's client made anew, for a thread whose own failed (a failed TCPStore client stays failed)."""
+        """This thread's client made anew, for a thread whose own failed (a failed TCPStore client stays failed).
+
+        Raises `ConnectionError` at once when the store's server is gone (its port refuses a connection):
+        a TCPStore client would keep trying to reconnect for the process group's timeout (30 minutes).
+        """
         self._local.store = None
+        _reachable(self.store, self.timeout)
         return self.own()
 
     def __getattr__(self, name: str) -> Any:
@@ -146,3 +152,17 @@ def _clone(store: Store, timeout: float) -> Optional[Store]:
         return None
     own.set_timeout(datetime.timedelta(seconds=timeout + 5.0))
     return own
+
+
+def _reachable(store: Store, timeout: float) -> None:
+    """Raise `ConnectionError` if `store` is a TCPStore (or a prefix over one) whose server's port refuses a
+    connection, or accepts none within `timeout`; other stores have no server to lose."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    if not isinstance(host, str) or not isinstance(port, int):
+        return
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"the store's server at {host}:{port} is gone ({exc})") from None
