@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 from typing import Any, Optional
 
 from .._call import LogArgs, ThisCall, log_for_this_call
@@ -129,8 +130,8 @@ def _attributes(record: logging.LogRecord) -> dict[str, Any]:
 def _wire(identity: Identity, attributes: Optional[dict[str, Any]]) -> bytes:
     """`[VERSION, site, count, FIELDS' values or null, {the other attributes}]` as bytes (docs/gather-mode.md)."""
     site, count = identity
-    if attributes is None:
-        return _dumps([VERSION, list(site), count, None, {}])
+    if attributes is None:  # the empty marker names its thread (the main process pairs a thread's calls in order)
+        return _dumps([VERSION, list(site), count, None, {"threadName": threading.current_thread().name}])
     others = {} if attributes.keys() <= _BY_PLACE else {k: v for k, v in attributes.items() if k not in _BY_PLACE}
     return _dumps([VERSION, list(site), count, list(map(attributes.get, FIELDS)), others])
 
@@ -205,6 +206,12 @@ def size_text(size: int) -> str:
 
 
 def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecord]]:
+    """`read` without the thread."""
+    identity, record, _ = read(payload, rank)
+    return identity, record
+
+
+def read(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecord], str]:
     """`(identity, record or None)` from `encode`'s bytes read from `rank`'s queue; `MalformedRecord` otherwise.
 
     Only JSON is parsed (UTF-8, lone surrogates passed, as `encode` writes it); the record must say it is `rank`'s, name its
@@ -227,7 +234,8 @@ def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRec
         raise MalformedRecord(f"not a version-{VERSION} record of accelerate-inorder-fix ({exc})") from None
     identity: Identity = ((site[0], site[1], site[2]), count)
     if values is None:
-        return identity, None
+        thread = others.get("threadName") if type(others) is dict else None
+        return identity, None, thread if type(thread) is str else ""
     if type(values) is not list or len(values) != len(FIELDS) or type(others) is not dict:
         raise MalformedRecord(f"its record is not {len(FIELDS)} values and an object")
     attributes = dict(zip(FIELDS, values))
@@ -241,7 +249,7 @@ def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRec
     attributes["args"] = attributes["exc_info"] = None
     record = logging.LogRecord.__new__(logging.LogRecord)
     record.__dict__ = attributes
-    return identity, record
+    return identity, record, str(attributes.get("threadName", ""))
 
 
 def emit(record: logging.LogRecord) -> None:

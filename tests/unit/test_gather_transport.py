@@ -84,9 +84,10 @@ class Seen(logging.Handler):
         self.records.append(record)
 
 
-def _record(rank, count, text=None, site=SITE):
+def _record(rank, count, text=None, site=SITE, thread="MainThread"):
     msg = f"[RANK {rank}] {text or f'{site[1]} {count}'}"
     record = logging.LogRecord(LOGGER, logging.INFO, site[0], site[2], msg, None, None)
+    record.threadName = thread
     Origin(rank, "node-a", False).stamp(record)
     return record
 
@@ -101,8 +102,8 @@ class Job:
         logger = logging.getLogger(LOGGER)
         logger.handlers[:], logger.propagate = [self.seen], False
 
-    def post(self, rank, count, site=SITE, at=None, text=None):
-        payload, _ = records.encode((site, count), _record(rank, count, text, site))
+    def post(self, rank, count, site=SITE, at=None, text=None, thread="MainThread"):
+        payload, _ = records.encode((site, count), _record(rank, count, text, site, thread))
         if at is None:
             return self.outboxes[rank].post(payload)
         self.store.at(at, lambda: self.outboxes[rank].post(payload))
@@ -242,17 +243,16 @@ def test_a_main_only_site_costs_T_once_when_the_others_post_nothing_during_its_w
 
 
 def test_a_site_whose_main_call_waits_for_another_thread_is_not_taken_for_others_only(monkeypatch, capsys):
-    """While a thread's call of the main process waits for the side's lock (another thread's call collects),
-    its site's records are kept for it, past T, not printed as an others-only site's (explorer_path, seed 146)."""
+    """While a thread's call of the main process waits for the side's lock (another thread's calls collect),
+    its site's records are kept for it, past T, not printed as an others-only site's (explorer_path, seed 146):
+    only the main process's calls from the thread of the same name show that thread went past a line."""
     job = Job(3, monkeypatch)
-    job.collector.wanted[OTHER] += 1  # a thread of the main process is on its way to OTHER
     for rank in (1, 2):
-        job.post(rank, 1, site=OTHER)
+        job.post(rank, 1, site=OTHER, thread="Thread-1")
     for count in range(1, 4):
         for rank in (1, 2):
             job.post(rank, count, at=job.store.now + 0.6 * T)
         job.call(count)
-    job.collector.wanted[OTHER] -= 1
     job.call(1, site=OTHER)
     assert [r for r, m in job.emitted() if "eval" in m] == [0, 1, 2]
     assert "made it and the main process has not" not in capsys.readouterr().err
@@ -362,3 +362,42 @@ def test_a_hostile_head_costs_its_rank_one_record_said_once_and_nothing_of_the_o
     assert errors.count("rank 2 sent something that is not an in_order record") == 1, errors
     assert "sent no record" not in errors and "could not" not in errors, errors
     assert job.store.data == {}
+
+
+def test_a_record_read_ahead_goes_in_its_calls_block_however_late_the_main_makes_it(monkeypatch, capsys):
+    """Rank 2 is late at A's first call; meanwhile the main process reads rank 1's next records (A, then E, a
+    line every rank calls), then works 1.5 T on its own before its calls at A and E: both blocks whole."""
+    job = Job(3, monkeypatch)
+    job.post(1, 1)
+    job.post(1, 2)
+    job.post(1, 1, site=OTHER)
+    job.post(2, 1, at=0.3 * T)
+    job.post(2, 2, at=0.31 * T)
+    job.post(2, 1, site=OTHER, at=0.31 * T)
+    job.call(1)
+    assert (OTHER, 1) in job.collector.pending  # read ahead while the main process waited for rank 2
+    job.store.now += 1.5 * T  # a checkpoint the main process writes alone
+    assert job.call(2) == 0 and job.call(1, site=OTHER) == 0
+    job.end()
+    assert job.emitted() == [
+        (r, f"[RANK {r}] {name} {c}") for name, c in (("step", 1), ("step", 2), ("eval", 1)) for r in range(3)
+    ]
+    assert "accelerate-inorder-fix" not in capsys.readouterr().err
+
+
+def test_records_of_a_line_the_main_never_calls_from_go_out_at_its_next_call(monkeypatch, capsys):
+    """`if not accelerator.is_main_process: logger.info(..., in_order=True)` before a line every rank calls: each
+    step's others-only records go out once the main process has made the call its ranks made after them."""
+    job = Job(3, monkeypatch)
+    for count in range(1, 6):
+        for rank in (1, 2):
+            job.post(rank, count, site=OTHER)
+            job.post(rank, count)
+        assert job.call(count) == 0
+    assert job.collector.pending == {}
+    want = []
+    for c in range(1, 6):
+        want += [(r, f"[RANK {r}] step {c}") for r in range(3)] + [(r, f"[RANK {r}] eval {c}") for r in (1, 2)]
+    assert job.emitted() == want
+    said = capsys.readouterr().err
+    assert len(said.splitlines()) == 1 and "ranks 1, 2 made it and the main process went past it" in said
