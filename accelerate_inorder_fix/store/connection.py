@@ -46,20 +46,16 @@ class Connection:
         return Connection(self.store, f"{self.prefix}{name}/", self.timeout)
 
     def own(self) -> Store:
-        """This thread's client, prefixed: made at its first use."""
+        """This thread's client, prefixed: made at its first use. Raises `ConnectionError` within our timeout when
+        the store's server is gone (a TCPStore client would try to reconnect for the process group's, 30 minutes)."""
         mine = getattr(self._local, "store", None)
         if mine is None:
             mine = self._local.store = _prefixed(_clone(self.store, self.timeout) or self.store, self.prefix)
         return mine
 
     def fresh(self) -> Store:
-        """This thread's client made anew, for a thread whose own failed (a failed TCPStore client stays failed).
-
-        Raises `ConnectionError` at once when the store's server is gone (its port refuses a connection):
-        a TCPStore client would keep trying to reconnect for the process group's timeout (30 minutes).
-        """
+        """This thread's client made anew, for a thread whose own failed (a failed TCPStore client stays failed)."""
         self._local.store = None
-        _reachable(self.store, self.timeout)
         return self.own()
 
     def __getattr__(self, name: str) -> Any:
@@ -146,6 +142,7 @@ def _prefixed(store: Store, prefix: str) -> Store:
 
 def _clone(store: Store, timeout: float) -> Optional[Store]:
     """A new client connection to `store`'s server, its timeout ours (bounded); None without `clone`."""
+    _reachable(store, timeout)
     try:
         own = store.clone()  # `clone` is not in every torch's stubs
     except (RuntimeError, AttributeError):

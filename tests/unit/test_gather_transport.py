@@ -401,3 +401,22 @@ def test_records_of_a_line_the_main_never_calls_from_go_out_at_its_next_call(mon
     assert job.emitted() == want
     said = capsys.readouterr().err
     assert len(said.splitlines()) == 1 and "ranks 1, 2 made it and the main process went past it" in said
+
+
+def test_no_new_client_is_made_for_a_store_whose_server_is_gone():
+    """A TCPStore client made for a gone server reconnects for the process group's timeout (30 minutes): a
+    connection asks the server's port first, and a refused port is said at once."""
+    import socket
+
+    from accelerate_inorder_fix.store.connection import Connection
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nobody listens there once it is closed
+    cloned = []
+    server = SimpleNamespace(host="127.0.0.1", port=port, clone=lambda: cloned.append(1))
+    prefixed = SimpleNamespace(underlying_store=server, clone=lambda: cloned.append(1))
+    for store in (server, prefixed):
+        with pytest.raises(ConnectionError, match=f"127.0.0.1:{port} is gone"):
+            Connection(store, "p/", 2.0).fresh()
+    assert cloned == []
