@@ -50,9 +50,7 @@ class Collector:
         self.ahead: dict[int, list[Kept]] = {}  # per rank, its kept records' calls, in the order it made them
         self.others_only: set[Site] = set()  # sites said to be called by the other ranks only
         self.heard: set[int] = set()  # ranks read from during the current call
-        self.passing: list[
-            tuple[Identity, int]
-        ] = []  # kept records the current call proves the main process went past
+        self.passing: list[tuple[Identity, int]] = []  # kept records this call shows it went past
         self.skipped: dict[int, Site] = {}  # where a quiet rank went quiet: absent there once on time elsewhere
 
     def emit_call(self, identity: Identity, own: Optional[logging.LogRecord], timeout: float) -> None:
