@@ -330,6 +330,7 @@ HOSTILE_HEADS = {  # what one rank may write in place of its record's head
     "a count of 0": b"0\n",
     "a first piece too long": b"1\n" + b"x" * (queues.CHUNK + 1),
     "a first piece too short": b"3\n" + b"x" * 10,
+    "an empty second piece": b"2\n" + b"x" * queues.CHUNK,  # with `q/2/<n>/1` written empty (below)
 }
 
 
@@ -338,7 +339,9 @@ def test_the_most_parts_are_those_of_the_largest_record():
 
 
 @pytest.mark.parametrize("head", list(HOSTILE_HEADS.values()), ids=list(HOSTILE_HEADS))
-def test_a_hostile_head_costs_its_rank_one_record_said_once_and_nothing_of_the_others(monkeypatch, capsys, head):
+def test_a_hostile_head_costs_its_rank_one_record_said_once_and_nothing_of_the_others(
+    monkeypatch, capsys, request, head
+):
     """Rank 2 writes a crafted head where its record of call 2 goes, while ranks 1 and 3 post theirs: the main
     process reads no more than an honest record takes, moves past it, and prints every other record in its block."""
     job = Job(4, monkeypatch)
@@ -347,6 +350,8 @@ def test_a_hostile_head_costs_its_rank_one_record_said_once_and_nothing_of_the_o
     for count in range(1, 6):
         for rank in (1, 2, 3):
             if rank == 2 and count == 2:
+                if "empty" in request.node.name:
+                    job.store.set(queues.record_key(2, hostile.sent, 1), b"")
                 job.store.set(queues.record_key(2, hostile.sent), head)  # its own key, as a post would write it
                 hostile.parts[hostile.sent], hostile.sent = 1, hostile.sent + 1
             else:
