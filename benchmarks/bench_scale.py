@@ -4,14 +4,18 @@ A job of 1,024 ranks does not fit on a laptop, but gather mode's cost on the mai
 traffic, decoding and emitting, so the other ranks are simulated as client connections of a real
 `TCPStore` (its server in this process's own thread pool, on 127.0.0.1, as torchrun's): ranks 1..N-1
 post from `--procs` processes x `--threads` threads (one connection per thread), through the
-package's own `records.encode` and `queues.Outbox.post`. Each round, every rank posts `--calls` calls'
-records; then this process, the main process, makes those calls through the real `Collector`,
-emitting every record through a `StreamHandler` to os.devnull and a counter. Timed: the main thread's
-CPU (`main_cpu_ms_per_call`) and wall time per call, median over `--rounds` rounds after one warm-up.
+package's own `records.encode` and `queues.Outbox.post` (the posting processes started with spawn: no fork
+after this process started its TCPStore server). Each round, every rank posts `--calls` calls' records, and
+this process, the main process, makes those calls through the real `Collector`, emitting every record
+through a `StreamHandler` to os.devnull and a counter: with `--arrival concurrent` (the default) while the
+ranks post, as in a job; with `--arrival preposted` once every rank has posted the round (the best case).
+Timed: the main thread's CPU (`main_cpu_ms_per_call`) and wall time per call, median over `--rounds`
+rounds after one warm-up.
 A run that emitted fewer or more records than were posted fails; `store_keys_after` is what the run
 left in the store once every rank and the main process closed (0).
 
     python benchmarks/bench_scale.py --ranks 8,64,256,1024 --json FILE
+    python benchmarks/bench_scale.py --ranks 1024 --arrival preposted   # records all in before the timer
     python benchmarks/bench_scale.py --ranks 8 --calls 4 --rounds 2   # a quick look
 """
 
@@ -95,16 +99,23 @@ class Counted(logging.Handler):
         self.count += 1
 
 
-def measure(ranks: int, calls: int, rounds: int, procs: int, threads: int) -> dict[str, Any]:
-    """One size: the main process's CPU and wall ms per call (medians of rounds), and the delivery check."""
+def measure(
+    ranks: int, calls: int, rounds: int, procs: int, threads: int, arrival: str = "concurrent"
+) -> dict[str, Any]:
+    """One size: the main process's CPU and wall ms per call (medians of rounds), and the delivery check.
+
+    Args:
+        arrival: "concurrent" (the ranks post while the main process collects) or "preposted" (before).
+    """
     port = _free_port()
     raw, store = _connect(port, master=True)
     base = raw.num_keys()
     others = list(range(1, ranks))
     pipes = []
+    spawn = multiprocessing.get_context("spawn")  # a forked child of a process serving a TCPStore may hang
     for p in range(min(procs, len(others))):
-        ours, theirs = multiprocessing.Pipe()
-        worker = multiprocessing.Process(target=_poster, args=(theirs, port, others[p::procs], threads), daemon=True)
+        ours, theirs = spawn.Pipe()
+        worker = spawn.Process(target=_poster, args=(theirs, port, others[p::procs], threads), daemon=True)
         worker.start()
         pipes.append((ours, worker))
     counter = Counted()
@@ -118,11 +129,15 @@ def measure(ranks: int, calls: int, rounds: int, procs: int, threads: int) -> di
         first = 1 + round_ * calls
         for conn, _ in pipes:
             conn.send((first, calls))
-        for conn, _ in pipes:
-            conn.recv()
+        if arrival == "preposted":
+            for conn, _ in pipes:
+                conn.recv()
         start_cpu, start = time.thread_time(), time.perf_counter()
         for count in range(first, first + calls):
             main.emit_call((SITE, count), _record(0, count), 30.0)
+        if arrival == "concurrent":
+            for conn, _ in pipes:
+                conn.recv()
         if round_:  # the first round warms up
             cpu.append((time.thread_time() - start_cpu) / calls)
             wall.append((time.perf_counter() - start) / calls)
@@ -138,6 +153,7 @@ def measure(ranks: int, calls: int, rounds: int, procs: int, threads: int) -> di
         raise RuntimeError(f"{ranks} ranks: the main process emitted {counter.count} records, not {expected}")
     return {
         "ranks": ranks,
+        "arrival": arrival,
         "calls": calls,
         "rounds": rounds,
         "main_cpu_ms_per_call": round(statistics.median(cpu) * 1e3, 3),
@@ -156,13 +172,13 @@ def _free_port() -> int:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| ranks | main CPU ms a call | main ms a call | records emitted / expected | store keys after |",
-        "|---:|---:|---:|---:|---:|",
+        "| ranks | main CPU ms a call | main ms a call | records emitted / expected | store keys after | arrival |",
+        "|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['ranks']} | {r['main_cpu_ms_per_call']:.3f} | {r['main_ms_per_call']:.3f} | "
-            f"{r['records_emitted']} / {r['records_expected']} | {r['store_keys_after']} |"
+            f"{r['records_emitted']} / {r['records_expected']} | {r['store_keys_after']} | {r.get('arrival', 'preposted')} |"
         )
     return "\n".join(lines)
 
@@ -174,6 +190,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--arrival", choices=["concurrent", "preposted"], default="concurrent")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--from-json", help="print the table of an earlier run, without measuring")
     args = parser.parse_args(argv)
@@ -182,7 +199,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             results: dict[str, Any] = json.load(saved)
     else:
         sizes = [int(n) for n in args.ranks.split(",")]
-        results = {"results": [measure(n, args.calls, args.rounds, args.procs, args.threads) for n in sizes]}
+        results = {
+            "results": [measure(n, args.calls, args.rounds, args.procs, args.threads, args.arrival) for n in sizes]
+        }
     print(table(results["results"]))
     if args.json:
         with open(args.json, "w") as out:

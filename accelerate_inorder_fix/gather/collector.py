@@ -9,11 +9,11 @@ and how long (a quiet rank costs `GATHER_DEATH` in all), is in docs/gather-mode.
 
 from __future__ import annotations
 
-import collections
 import logging
+import threading
 import time
 from collections.abc import Sequence
-from typing import Optional
+from typing import Optional, Union
 
 from .. import bounds
 from .._callsite import Identity, Site
@@ -21,10 +21,11 @@ from .._diagnostics import COLLECTIVE, CallWarning, ranks_text, site_text, warn_
 from ..config import SETTINGS, TIMEOUT_ENV
 from ..store.connection import SHORTEST_WAIT
 from . import collapse, records
-from .queues import QUEUE, Inbox
+from .queues import QUEUE, Inbox, Refused, Taken
 
 
 Block = dict[int, Optional[logging.LogRecord]]  # one call's records by rank (None: the rank had none to print)
+Kept = tuple[Identity, str]  # a kept record's call, and the name of the thread that made it
 SLICE = 0.125  # x T: the longest wait before the main process reads ahead what the other ranks posted
 LATE_READS = 16  # records a rank taken past a call's deadline, at most
 
@@ -46,16 +47,16 @@ class Collector:
         self.made: dict[Site, int] = {}  # its last call per site
         self.absent: dict[Site, set[int]] = {}  # ranks that skipped a site while heard from: not waited for there
         self.quiet: dict[int, float] = {}  # ranks heard from by no call since they missed one: wait left for them
-        self.kept_since: dict[Site, float] = {}  # with `others_only`: sites only the other ranks call from
-        self.others_only: set[Site] = set()
+        self.ahead: dict[int, list[Kept]] = {}  # per rank, its kept records' calls, in the order it made them
+        self.others_only: set[Site] = set()  # sites said to be called by the other ranks only
         self.heard: set[int] = set()  # ranks read from during the current call
-        self.wanted: collections.Counter[Site] = collections.Counter()  # a main call waits there: never others-only
+        self.passing: list[tuple[Identity, int]] = []  # kept records this call shows it went past
         self.skipped: dict[int, Site] = {}  # where a quiet rank went quiet: absent there once on time elsewhere
 
     def emit_call(self, identity: Identity, own: Optional[logging.LogRecord], timeout: float) -> None:
         """The main process's call `identity` (`own`: its record): collect the block, emit it, say who missed it."""
         block: Block = {0: own, **self.pending.pop(identity, {})}
-        self.heard = set()
+        self.heard, self.passing = set(), []
         start = time.monotonic()
         try:
             self._collect(identity, block, start, timeout)
@@ -73,6 +74,9 @@ class Collector:
         self.made[site] = max(identity[1], self.made.get(site, 0))
         self.pending.pop(identity, None)
         self._emit_block(block, identity)
+        self.passing += [
+            (kept, rank) for rank in self.ahead.keys() & block.keys() for kept in self._passed(rank, identity)
+        ]
         self.absent.get(site, set()).difference_update(block)  # on time: waited for again everywhere,
         for rank in self.quiet.keys() & block.keys():
             del self.quiet[rank]
@@ -81,7 +85,7 @@ class Collector:
             if skipped != site:
                 self.absent.setdefault(skipped, set()).add(rank)
         self._missed(identity, block, timeout, time.monotonic() - start)
-        self._release_others_only(timeout)
+        self._release(self.passing)
 
     def _waited(self, block: Block, site: Site, start: float, timeout: float) -> list[int]:
         """The ranks still waited for: each until `start` plus T, or plus what is left of its wait if quiet."""
@@ -118,16 +122,18 @@ class Collector:
                 return
             self._route_all(self.inbox.take(todo), identity, block)
 
-    def _route_all(self, taken: list[tuple[int, Optional[bytes]]], current: Identity, block: Block) -> None:
+    def _route_all(self, taken: Taken, current: Identity, block: Block) -> None:
         for rank, payload in taken:
             if payload is not None:
                 self._route(rank, payload, current, block)
 
-    def _route(self, rank: int, payload: bytes, current: Optional[Identity], block: Block) -> None:
+    def _route(self, rank: int, payload: Union[bytes, Refused], current: Optional[Identity], block: Block) -> None:
         """File one record of `rank`: into `block` if it is of `current`, emitted if late, else kept for its call."""
         self.heard.add(rank)
         try:
-            identity, record = records.decode(payload, rank)
+            if isinstance(payload, Refused):
+                raise records.MalformedRecord(payload.reason)
+            identity, record, thread = records.read(payload, rank)
         except records.MalformedRecord as exc:
             where = describe(current) if current else ""
             counted = current is not None and rank not in block  # in the place of its record of this call
@@ -143,14 +149,18 @@ class Collector:
         site = identity[0]
         if identity == current:
             block[rank] = record
-        elif identity[1] <= self.made.get(site, 0) or site in self.others_only:
+            if rank in self.ahead:
+                self.passing += [(kept, rank) for kept in self._passed(rank, identity, thread)]
+        elif identity[1] <= self.made.get(site, 0):
             if self.skipped.get(rank) == site:  # it made the call it went quiet at, late
                 del self.skipped[rank]
             if record is not None:
                 self._emit_block({rank: record}, identity)  # on its own (with collapse on, `ranks` [rank])
+            if rank in self.ahead:
+                self._release([(kept, rank) for kept in self._passed(rank, identity, thread)])
         else:
             self.pending.setdefault(identity, {})[rank] = record
-            self.kept_since.setdefault(site, float("inf"))  # timed from the end of this call
+            self.ahead.setdefault(rank, []).append((identity, thread))
 
     def _missed(self, identity: Identity, block: Block, timeout: float, waited: float) -> None:
         """Name the ranks waited for that sent no record of the call; mark each absent at the site, or quiet."""
@@ -170,30 +180,43 @@ class Collector:
                     self.quiet[rank] = (bounds.GATHER_DEATH.value - 1.0) * timeout
                     self.skipped[rank] = site
 
-    def _release_others_only(self, timeout: float) -> None:
-        """Emit what was kept a whole T for sites the main process never called from; later records there go out as found."""
-        now = time.monotonic()
-        for site, since in list(self.kept_since.items()):
-            if site in self.made:
-                del self.kept_since[site]
-            elif self.wanted[site]:
-                continue
-            elif since == float("inf"):
-                self.kept_since[site] = now
-            elif now - since >= timeout:
-                del self.kept_since[site]
-                self.others_only.add(site)
-                kept = sorted(identity for identity in self.pending if identity[0] == site)
-                ranks = sorted({r for identity in kept for r in self.pending[identity]})
-                for identity in kept:
-                    self._emit_block(self.pending.pop(identity), identity)
+    def _passed(self, rank: int, made: Identity, thread: str = "") -> list[Identity]:
+        """The calls of `rank`'s kept records that its thread made before `made`, a call the main process's thread
+        of that name has made: that thread went past them (the same code runs in the same order on every rank).
+
+        Args:
+            thread: the thread of `rank`'s record of `made`, when it is not kept (read now).
+        """
+        kept = self.ahead.pop(rank, [])
+        places = [i for i, (identity, _) in enumerate(kept) if identity == made]
+        if places:
+            thread = kept[places[0]][1]
+            del kept[places[0]]
+        before = kept[: places[0]] if places else kept
+        here = threading.current_thread().name
+        passed = [k for k in before if k[1] == thread == here]
+        left = [k for k in kept if k not in passed]
+        if left:
+            self.ahead[rank] = left
+        return [identity for identity, _ in passed]
+
+    def _release(self, passed: list[tuple[Identity, int]]) -> None:
+        """Emit the kept records of calls the main process went past, a block per call; say each site once."""
+        for identity in sorted({identity for identity, _ in passed}):
+            ranks = sorted(rank for kept, rank in passed if kept == identity)
+            block = self.pending.get(identity, {})
+            self._emit_block({rank: block.pop(rank, None) for rank in ranks}, identity)
+            if not block:
+                self.pending.pop(identity, None)
+            if identity[0] not in self.others_only:
+                self.others_only.add(identity[0])
                 warn_every(
                     CallWarning(
-                        site_text(site),
+                        site_text(identity[0]),
                         tuple(ranks),
-                        f"made it and the main process has not within {timeout:g} s ({TIMEOUT_ENV})",
-                        timeout,
-                        "their records held for it are printed now, and their later records from there as they arrive, each on its own",
+                        "made it and the main process went past it (it made a call they made after it)",
+                        0,
+                        "their records from there are printed on their own, once the main process makes a call they made after them",
                         COLLECTIVE,
                     )
                 )

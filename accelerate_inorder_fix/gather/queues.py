@@ -10,7 +10,7 @@ protocol, step by step: docs/gather-mode.md.
 from __future__ import annotations
 
 import datetime
-from typing import Optional
+from typing import NamedTuple, Union
 
 from .. import bounds
 from ..store.connection import SHORTEST_WAIT, Store
@@ -19,12 +19,23 @@ from ..store.errors import is_timeout
 
 STORE_LIMIT = 8 * 1024 * 1024  # torch's TCPStore resets a connection whose request holds a longer value
 CHUNK = 16 * 1024  # the most bytes of a record in one key
+MOST_PARTS = 256  # keys of the largest record a rank posts (`records.MAX_RECORD` / `CHUNK`; a unit test checks it)
 PER_REQUEST = (STORE_LIMIT // 2) // (CHUNK + 256)  # keys a multi_get or multi_set carries: under half the limit
 QUEUE = int(bounds.GATHER_QUEUE.value)  # a rank's records in the store, read or not
 ACK_EVERY = 16  # records read of a rank between two of its acks
 ACK_KEYS = QUEUE // ACK_EVERY + 2  # more acks than a rank can leave unread
 SEALED = b"\x00sealed"  # written by the main process at its exit where a rank's next record would go
 CLOSED = b"\x00closed"  # written by a rank at its exit where its next record would go
+
+
+class Refused(NamedTuple):
+    """What the main process read in place of a rank's record, and why it is none: a head no post writes, or
+    pieces missing or of the wrong size. It costs that rank's record; the read moves past it."""
+
+    reason: str
+
+
+Taken = list[tuple[int, Union[bytes, Refused, None]]]  # (rank, its record's bytes; None: its queue closed)
 
 
 def record_key(rank: int, n: int, part: int = 0) -> str:
@@ -169,26 +180,46 @@ class Inbox:
         """Those of `ranks` with a next record now (one check each: only when a wait ran out)."""
         return [r for r in ranks if r not in self.ended and self.store.check([record_key(r, self.next[r])])]
 
-    def take(self, ranks: list[int]) -> list[tuple[int, Optional[bytes]]]:
-        """The next record of each rank in `ranks` (each there), `(rank, payload)`; None for a closed queue."""
-        taken: list[tuple[int, Optional[bytes]]] = []
+    def take(self, ranks: list[int]) -> Taken:
+        """The next record of each rank in `ranks` (each there), in order. A rank's head is checked before
+        anything it claims is read, and its pieces before they are read (`check`: no wait), so whatever one
+        rank wrote costs that rank's record alone (`Refused`), with no more reads than an honest record needs."""
+        taken: Taken = []
         rest: list[tuple[int, list[str]]] = []  # (place in `taken`, keys of the rest of a record over CHUNK)
         for rank, head in zip(ranks, get_many(self.store, self.heads(ranks))):
             if head == CLOSED:
                 self._end(rank)
                 taken.append((rank, None))
                 continue
-            count, _, first = head.partition(b"\n")
-            parts = int(count) if count.isdigit() else 1
-            if parts > 1:
-                rest.append((len(taken), [record_key(rank, self.next[rank], i) for i in range(1, parts)]))
-            taken.append((rank, first))
+            parts, first = split_head(head)
+            if isinstance(first, Refused):
+                taken.append((rank, first))
+            else:
+                keys = [record_key(rank, self.next[rank], i) for i in range(1, parts)]
+                if keys and not self.store.check(keys):
+                    first = Refused(f"its record's head claims {parts} pieces and they are not all there")
+                elif keys:
+                    rest.append((len(taken), keys))
+                taken.append((rank, first))
             self._advance(rank, parts)
-        chunks = iter(get_many(self.store, [key for _, keys in rest for key in keys]))
-        for place, keys in rest:
+        for place, pieces in self._rest(rest):
             rank, start = taken[place]
-            taken[place] = (rank, b"".join([start or b"", *(next(chunks) for _ in keys)]))
+            taken[place] = (rank, join(start, pieces))  # type: ignore[arg-type]
         return taken
+
+    def _rest(self, rest: list[tuple[int, list[str]]]) -> list[tuple[int, Union[list[bytes], Refused]]]:
+        """The pieces of each record in `rest`, in batches; a request that fails is asked again record by record."""
+        try:
+            chunks = iter(get_many(self.store, [key for _, keys in rest for key in keys]))
+            return [(place, [next(chunks) for _ in keys]) for place, keys in rest]
+        except Exception:  # one rank's keys went between the check and the read: the others' are read alone
+            found: list[tuple[int, Union[list[bytes], Refused]]] = []
+            for place, keys in rest:
+                try:
+                    found.append((place, get_many(self.store, keys)))
+                except Exception as exc:
+                    found.append((place, Refused(f"its record's pieces could not be read ({exc!r})")))
+            return found
 
     def _advance(self, rank: int, parts: int) -> None:
         held = self.parts[rank]
@@ -206,9 +237,9 @@ class Inbox:
             self.acked[r] = self.next[r]
         set_many(self.store, [(ack_key(r, self.acks[r]), str(self.next[r]).encode()) for r in due], 4096)
 
-    def seal(self, rank: int) -> list[tuple[int, Optional[bytes]]]:
+    def seal(self, rank: int) -> Taken:
         """At exit: end `rank`'s queue; what it posted before the seal, in order."""
-        taken: list[tuple[int, Optional[bytes]]] = []
+        taken: Taken = []
         while rank not in self.ended:
             answer = bytes(self.store.compare_set(record_key(rank, self.next[rank]), "", SEALED))
             if answer == SEALED:
@@ -231,3 +262,32 @@ class Inbox:
             keys + [ack_key(rank, j) for j in range(max(1, self.acks[rank] - ACK_KEYS), self.acks[rank] + 1)],
         )
         self.parts[rank].clear()
+
+
+def split_head(head: bytes) -> tuple[int, Union[bytes, Refused]]:
+    """`(keys, first piece)` of a record's head `b"<keys>\\n<first piece>"`, checked before anything is read on
+    its word: `keys` in 1..MOST_PARTS, written as a post writes it, and the first piece `CHUNK` bytes when
+    more follow, at most that otherwise. Anything else is `(1, Refused)`: the read moves past this one key."""
+    end = head.find(b"\n", 0, len(str(MOST_PARTS)) + 1)
+    count = head[:end] if end > 0 else b""
+    parts = int(count) if count.isdigit() and count[:1] != b"0" else 0
+    first = head[end + 1 :]
+    if not 1 <= parts <= MOST_PARTS:
+        return 1, Refused(f"its record's head does not say how many keys it takes ({_shown(head)})")
+    if len(first) > CHUNK or (parts > 1 and len(first) != CHUNK):
+        return 1, Refused(f"its record's head claims {parts} pieces with a first piece of {len(first)} bytes")
+    return parts, first
+
+
+def join(first: bytes, pieces: Union[list[bytes], Refused]) -> Union[bytes, Refused]:
+    """A record from its first piece and the rest, each `CHUNK` bytes but the last (1 to `CHUNK`), or `Refused`."""
+    if isinstance(pieces, Refused):
+        return pieces
+    sizes = [len(piece) for piece in pieces]
+    if any(size != CHUNK for size in sizes[:-1]) or not 0 < sizes[-1] <= CHUNK:
+        return Refused(f"its record's pieces are not of the sizes a post writes ({max(sizes)} bytes at most)")
+    return b"".join([first, *pieces])
+
+
+def _shown(head: bytes) -> str:
+    return repr(head[:24]) + (f" and {len(head) - 24} bytes more" if len(head) > 24 else "")

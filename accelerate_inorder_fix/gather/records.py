@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 from typing import Any, Optional
 
 from .._call import LogArgs, ThisCall, log_for_this_call
@@ -21,7 +22,7 @@ from .._callsite import Identity
 from .._origin import RANK_TAG, Origin
 
 
-VERSION = 5
+VERSION = 6
 FIELDS = (
     "name", "msg", "levelname", "levelno", "pathname", "filename", "module", "exc_text", "stack_info", "lineno", "funcName",
     "created", "msecs", "relativeCreated", "thread", "threadName", "processName", "process", "rank", "hostname",
@@ -35,7 +36,7 @@ _KINDS = {  # what the main process relies on, with the types it needs
     "name": (str,), "levelno": (int,), "msg": (str,), "exc_text": (str, type(None)), "stack_info": (str, type(None)),
     "args": (type(None),), "exc_info": (type(None),), "rank": (int,), "hostname": (str,),
 }  # fmt: skip
-_PARSE = json.JSONDecoder().raw_decode  # `json.loads` without its look at the bytes' encoding: the wire is ASCII
+_PARSE = json.JSONDecoder().raw_decode  # `json.loads` without its look at the bytes' encoding: the wire is UTF-8
 _TRACEBACKS = logging.Formatter()
 
 
@@ -65,10 +66,19 @@ def capture(log: LogArgs, origin: Origin) -> Optional[logging.LogRecord]:
     record = this_call.record
     if record is not None:
         text, tag = message(record), RANK_TAG.format(origin.rank)
+        if type(record) is not logging.LogRecord:  # a factory's `getMessage` would render the text once more
+            record = _plain(record)
         if not (upstream_tags() and isinstance(record.msg, str) and record.msg.startswith(tag)):
             text = tag + text  # 1.13+: `process` wrote it (unless the adapter is not accelerate's)
         record.msg, record.args = (f"[{origin.hostname}] {text}" if origin.several_hosts else text), None
     return record
+
+
+def _plain(record: logging.LogRecord) -> logging.LogRecord:
+    """A `logging.LogRecord` with `record`'s attributes: its message, once rendered, is printed as it is."""
+    plain = logging.LogRecord.__new__(logging.LogRecord)
+    plain.__dict__.update(vars(record))
+    return plain
 
 
 def message(record: logging.LogRecord) -> str:
@@ -87,7 +97,10 @@ def _repr(value: Any) -> str:
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), default=_repr).encode("ascii")
+    """`value` as JSON in UTF-8, a lone surrogate as its own bytes: every str arrives code unit for code unit
+    (`\\ud83d\\ude00` escapes would be read back as one character).
+    """
+    return json.dumps(value, separators=(",", ":"), default=_repr, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def _data(value: Any) -> Any:
@@ -117,8 +130,8 @@ def _attributes(record: logging.LogRecord) -> dict[str, Any]:
 def _wire(identity: Identity, attributes: Optional[dict[str, Any]]) -> bytes:
     """`[VERSION, site, count, FIELDS' values or null, {the other attributes}]` as bytes (docs/gather-mode.md)."""
     site, count = identity
-    if attributes is None:
-        return _dumps([VERSION, list(site), count, None, {}])
+    if attributes is None:  # the empty marker names its thread (the main process pairs a thread's calls in order)
+        return _dumps([VERSION, list(site), count, None, {"threadName": threading.current_thread().name}])
     others = {} if attributes.keys() <= _BY_PLACE else {k: v for k, v in attributes.items() if k not in _BY_PLACE}
     return _dumps([VERSION, list(site), count, list(map(attributes.get, FIELDS)), others])
 
@@ -193,13 +206,19 @@ def size_text(size: int) -> str:
 
 
 def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecord]]:
+    """`read` without the thread."""
+    identity, record, _ = read(payload, rank)
+    return identity, record
+
+
+def read(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecord], str]:
     """`(identity, record or None)` from `encode`'s bytes read from `rank`'s queue; `MalformedRecord` otherwise.
 
-    Only JSON is parsed (ASCII, as `encode` writes it); the record must say it is `rank`'s, name its
+    Only JSON is parsed (UTF-8, lone surrogates passed, as `encode` writes it); the record must say it is `rank`'s, name its
     host, and hold what the main process relies on (name, level, message, traceback text) with their types.
     """
     try:
-        text = payload.decode("ascii")
+        text = payload.decode("utf-8", "surrogatepass")
         document, end = _PARSE(text)
         if end != len(text):
             raise ValueError("more after it")
@@ -215,7 +234,8 @@ def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRec
         raise MalformedRecord(f"not a version-{VERSION} record of accelerate-inorder-fix ({exc})") from None
     identity: Identity = ((site[0], site[1], site[2]), count)
     if values is None:
-        return identity, None
+        thread = others.get("threadName") if type(others) is dict else None
+        return identity, None, thread if type(thread) is str else ""
     if type(values) is not list or len(values) != len(FIELDS) or type(others) is not dict:
         raise MalformedRecord(f"its record is not {len(FIELDS)} values and an object")
     attributes = dict(zip(FIELDS, values))
@@ -229,7 +249,7 @@ def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRec
     attributes["args"] = attributes["exc_info"] = None
     record = logging.LogRecord.__new__(logging.LogRecord)
     record.__dict__ = attributes
-    return identity, record
+    return identity, record, str(attributes.get("threadName", ""))
 
 
 def emit(record: logging.LogRecord) -> None:

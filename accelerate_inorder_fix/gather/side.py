@@ -9,7 +9,6 @@ rank, and that is said. The protocol: docs/gather-mode.md.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 from typing import Optional
@@ -81,14 +80,6 @@ class GatherSide:
     def call(self, call: InOrderCall) -> None:
         """One in_order call: its block collected and emitted (main), or its record posted (a rank). Never raises."""
         record = _capture(call)
-        wanted = self._collector.wanted if self._collector is not None else collections.Counter()
-        wanted[call.site] += 1  # while it waits for the lock, its site is not one only the other ranks call from
-        try:
-            self._locked_call(call, record)
-        finally:
-            wanted[call.site] -= 1
-
-    def _locked_call(self, call: InOrderCall, record: Optional[logging.LogRecord]) -> None:
         with self._lock:
             if self._rank != 0:
                 self._post(call, record)

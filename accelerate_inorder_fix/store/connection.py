@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import sys
 import threading
 import time
@@ -48,7 +49,8 @@ class Connection:
         return Connection(self.store, f"{self.prefix}{name}/", self.timeout)
 
     def own(self) -> Store:
-        """This thread's client, prefixed: made at its first use."""
+        """This thread's client, prefixed: made at its first use. Raises `ConnectionError` within our timeout when
+        the store's server is gone (a TCPStore client would try to reconnect for the process group's, 30 minutes)."""
         mine = getattr(self._local, "store", None)
         if mine is None:
             mine = self._local.store = _prefixed(_clone(self.store, self.timeout) or self.store, self.prefix)
@@ -167,9 +169,24 @@ def _prefixed(store: Store, prefix: str) -> Store:
 
 def _clone(store: Store, timeout: float) -> Optional[Store]:
     """A new client connection to `store`'s server, its timeout ours (bounded); None without `clone`."""
+    _reachable(store, timeout)
     try:
         own = store.clone()  # `clone` is not in every torch's stubs
     except (RuntimeError, AttributeError):
         return None
     own.set_timeout(datetime.timedelta(seconds=timeout + 5.0))
     return own
+
+
+def _reachable(store: Store, timeout: float) -> None:
+    """Raise `ConnectionError` if `store` is a TCPStore (or a prefix over one) whose server's port refuses a
+    connection, or accepts none within `timeout`; other stores have no server to lose."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    if not isinstance(host, str) or not isinstance(port, int):
+        return
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"the store's server at {host}:{port} is gone ({exc})") from None

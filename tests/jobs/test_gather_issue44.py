@@ -9,7 +9,9 @@ kills the job's process group), each failing on 4f3c6d8:
   `GATHER_FULL`), each healthy block is whole and in rank order, and the warnings name only the stopped rank;
 - G2: with collapse on, a rank's late records carry `ranks` too;
 - G3: before accelerate 1.13, a user's text beginning `[RANK 1] ` is untouched, and grouped by the user's text;
-- G6: 80 records lost to a raising handler: 20 lines, and the other 60 counted at exit.
+- G6: 80 records lost to a raising handler: 20 lines, and the other 60 counted at exit;
+- a record of a line every rank calls, read ahead, stays in its block however late the main process calls it
+  (ddf0396 took the line for one only the other ranks call).
 """
 
 import os
@@ -87,6 +89,15 @@ def test_late_records_carry_ranks_with_collapse_on():
     assert "--- Logging error ---" not in job.stderr, job.stderr[-3000:]
     assert any(line.startswith("[RANK 1] late#2 r1 ranks=[1]") for line in lines), lines
     assert all(" ranks=[" in line for line in lines) and len(lines) >= 5, lines
+
+
+def test_a_line_every_rank_calls_read_ahead_stays_in_its_block_however_late_the_main_calls_it():
+    # Rank 1's records of A's second call and of E are read while the main process waits for rank 2 at A's
+    # first; the main process then works 1.5 T alone. ddf0396 took E for a line only the other ranks call.
+    job = _run(["readahead"], 3)
+    lines = [line for line in job.lines if "ra#" in line]
+    assert lines == [f"[RANK {r}] ra#{name} r{r} by=r0" for name in ("A1", "A2", "E") for r in range(3)], lines
+    assert "sent no record" not in job.stderr and "made it and the main process" not in job.stderr, job.stderr[-3000:]
 
 
 @pytest.mark.parametrize("release", ["1.12.0", "0.21.0"])

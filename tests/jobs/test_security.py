@@ -101,3 +101,35 @@ def test_foreign_bytes_in_a_queue_run_nothing_and_cost_only_their_own_record(tmp
     seconds = [float(line.split()[3]) for line in job.lines if line.startswith("@@SECONDS r0 ")]
     assert len(seconds) == 5 and max(seconds) < TIMEOUT, context
     assert sorted(line.split()[2] for line in job.lines if line.startswith("@@SUM ")) == ["10.0"] * NPROC, context
+
+
+HEADS_TIMEOUT = 2.0
+HEAD_RECORD = re.compile(r"^\[RANK (\d)\] head#(\d) r(\d) by=r(\d)$")
+
+
+def test_crafted_heads_in_a_queue_cost_only_that_ranks_records_said_once_each():
+    """Rank 2 writes five crafted heads (a missing piece, 300,000 and 1,500,000 pieces, a
+    5,000-digit count, no count). Each costs rank 2 that call's record, said once; the main process waits for
+    none of them, reads no more than an honest record needs, and prints every other record once, in its block."""
+    env = _launch.scenario_env(
+        True, "gather", [accelerate_dir("1.15.0"), os.environ.get("AIF_PACKAGE_ROOT", str(REPO))]
+    )
+    env["ACCELERATE_INORDER_TIMEOUT"] = str(HEADS_TIMEOUT)
+    job = _launch.run(
+        _launch.launch_command([str(SCRIPTS / "hostile_heads.py")], NPROC), env=env, timeout=90, stall=60
+    )
+    context = (job.killed, job.returncode, job.lines, job.stderr[-3000:])
+    assert job.killed is None and job.returncode == 0, context
+    assert {line for line in job.lines if line.startswith("@@DONE")} == {f"@@DONE r{r}" for r in range(NPROC)}
+    got = [(int(m[2]), int(m[1])) for m in map(HEAD_RECORD.match, job.lines) if m and m[1] == m[3] and m[4] == "0"]
+    hostile = range(2, 7)
+    assert got == [(call, r) for call in range(1, 9) for r in range(NPROC) if not (r == 2 and call in hostile)], (
+        context
+    )
+    said = [line for line in job.stderr.splitlines() if "rank 2 sent something that is not an in_order record" in line]
+    assert [re.search(r"\(call (\d) from there\)", line)[1] for line in said] == ["2", "3", "4", "5", "6"], context
+    assert "sent no record" not in job.stderr and "could not" not in job.stderr, context
+    seconds = [float(line.split()[3]) for line in job.lines if line.startswith("@@SECONDS r0 ")]
+    assert len(seconds) == 8 and max(seconds) < HEADS_TIMEOUT, (seconds, context)
+    ((before, after),) = [map(int, line.split()[2:]) for line in job.lines if line.startswith("@@RSS r0 ")]
+    assert after - before < 32 * 1024, (before, after)  # KiB: ddf0396's main process grew 120 MiB reading the heads

@@ -280,6 +280,7 @@ class Actor:
     def main(self) -> None:
         sim = self.sim
         sim.threads[threading.get_ident()] = self.actor
+        threading.current_thread().name = sim.path.actors[self.actor][1]  # as a rank's thread is named on every rank
         died = False
         try:
             sim.block(Request(self.actor, "resume"))
@@ -640,10 +641,6 @@ def _uncounted(self: session_module.InOrderSession, state: Any, settings: Any, c
     _CALL(self, state, settings, call)
 
 
-def _site_not_noted(self: gather_side.GatherSide, call: InOrderCall) -> None:
-    self._locked_call(call, gather_side._capture(call))
-
-
 MUTATIONS: dict[str, tuple[Any, str, Any]] = {
     "site-lock-global": (session_module.InOrderSession, "__init__", _one_site_lock),
     "child-keeps-session": (session_module.InOrderSession, "after_fork_in_child", lambda self: None),
@@ -651,7 +648,6 @@ MUTATIONS: dict[str, tuple[Any, str, Any]] = {
     "late-setting-taken": (session_module.InOrderSession, "_check_setting", _setting_taken),
     "word-not-waited": (session_module.InOrderSession, "_word", _word_not_waited),
     "call-at-once-not-numbered": (session_module.InOrderSession, "call", _uncounted),
-    "waiting-site-not-noted": (gather_side.GatherSide, "call", _site_not_noted),
     "fresh-retry-removed": (gather_side.GatherSide, "_send", _no_fresh_retry),
     "quiet-rank-waited-in-full": (collector_module.Collector, "_missed", _quiet_forgotten),
     "block-in-reverse": (collector_module.Collector, "_emit_block", _emit_reversed),

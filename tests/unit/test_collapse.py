@@ -145,3 +145,36 @@ def test_the_main_processs_traceback_is_compared_as_the_ranks_render_theirs():
     lines = collapse.collapse(list(enumerate([main, *others])))
     assert [(r.getMessage(), r.ranks) for r in lines] == [("[RANK 0-2] load failed", [0, 1, 2])]
     assert lines[0].exc_info is exc_info  # the handler renders the first record's own traceback
+
+
+def test_a_record_a_filter_rewrote_is_grouped_by_its_rewritten_text(monkeypatch):
+    """Each rank's tag is added after its logger's filters: a rewritten record is compared as rewritten."""
+    from types import SimpleNamespace
+
+    from accelerate_inorder_fix._call import LogArgs
+
+    def hide(record):
+        record.msg, record.args = ("loss hidden", ()) if record.args[0] < 3 else (record.msg, record.args)
+        return True
+
+    monkeypatch.setattr(records, "upstream_tags", lambda: False)
+    logger = logging.getLogger("aif.test.collapse.filtered")
+    logger.setLevel(logging.DEBUG)
+    logger.addFilter(hide)
+    try:
+        adapter = SimpleNamespace(isEnabledFor=lambda level: True, process=lambda msg, kw: (msg, kw), logger=logger)
+        lines = [
+            (
+                rank,
+                records.capture(
+                    LogArgs(adapter, logging.INFO, "loss %d", (rank,), {}), _origin.Origin(rank, "h", False)
+                ),
+            )
+            for rank in range(4)
+        ]
+    finally:
+        logger.removeFilter(hide)
+    assert [(r.msg, r.ranks) for r in collapse.collapse(lines)] == [
+        ("[RANK 0-2] loss hidden", [0, 1, 2]),
+        ("[RANK 3] loss 3", [3]),
+    ]

@@ -84,9 +84,10 @@ class Seen(logging.Handler):
         self.records.append(record)
 
 
-def _record(rank, count, text=None, site=SITE):
+def _record(rank, count, text=None, site=SITE, thread="MainThread"):
     msg = f"[RANK {rank}] {text or f'{site[1]} {count}'}"
     record = logging.LogRecord(LOGGER, logging.INFO, site[0], site[2], msg, None, None)
+    record.threadName = thread
     Origin(rank, "node-a", False).stamp(record)
     return record
 
@@ -101,8 +102,8 @@ class Job:
         logger = logging.getLogger(LOGGER)
         logger.handlers[:], logger.propagate = [self.seen], False
 
-    def post(self, rank, count, site=SITE, at=None, text=None):
-        payload, _ = records.encode((site, count), _record(rank, count, text, site))
+    def post(self, rank, count, site=SITE, at=None, text=None, thread="MainThread"):
+        payload, _ = records.encode((site, count), _record(rank, count, text, site, thread))
         if at is None:
             return self.outboxes[rank].post(payload)
         self.store.at(at, lambda: self.outboxes[rank].post(payload))
@@ -242,17 +243,16 @@ def test_a_main_only_site_costs_T_once_when_the_others_post_nothing_during_its_w
 
 
 def test_a_site_whose_main_call_waits_for_another_thread_is_not_taken_for_others_only(monkeypatch, capsys):
-    """While a thread's call of the main process waits for the side's lock (another thread's call collects),
-    its site's records are kept for it, past T, not printed as an others-only site's (explorer_path, seed 146)."""
+    """While a thread's call of the main process waits for the side's lock (another thread's calls collect),
+    its site's records are kept for it, past T, not printed as an others-only site's (explorer_path, seed 146):
+    only the main process's calls from the thread of the same name show that thread went past a line."""
     job = Job(3, monkeypatch)
-    job.collector.wanted[OTHER] += 1  # a thread of the main process is on its way to OTHER
     for rank in (1, 2):
-        job.post(rank, 1, site=OTHER)
+        job.post(rank, 1, site=OTHER, thread="Thread-1")
     for count in range(1, 4):
         for rank in (1, 2):
             job.post(rank, count, at=job.store.now + 0.6 * T)
         job.call(count)
-    job.collector.wanted[OTHER] -= 1
     job.call(1, site=OTHER)
     assert [r for r, m in job.emitted() if "eval" in m] == [0, 1, 2]
     assert "made it and the main process has not" not in capsys.readouterr().err
@@ -319,3 +319,109 @@ def test_losses_held_at_exit_are_said(capsys):
     capsys.readouterr()
     _diagnostics.DIAGNOSTICS.say_held()
     assert "5 more warning(s)" in capsys.readouterr().err
+
+
+HOSTILE_HEADS = {  # what one rank may write in place of its record's head
+    "two pieces, one there": b"2\n" + b"x" * queues.CHUNK,
+    "300,000 pieces": b"300000\n" + b"x" * queues.CHUNK,
+    "1,500,000 pieces": b"1500000\n" + b"x" * queues.CHUNK,
+    "5,000 digits": b"9" * 5000 + b"\nx",
+    "no count": b"x" * 100,
+    "a count of 0": b"0\n",
+    "a first piece too long": b"1\n" + b"x" * (queues.CHUNK + 1),
+    "a first piece too short": b"3\n" + b"x" * 10,
+    "an empty second piece": b"2\n" + b"x" * queues.CHUNK,  # with `q/2/<n>/1` written empty (below)
+}
+
+
+def test_the_most_parts_are_those_of_the_largest_record():
+    assert queues.MOST_PARTS == -(-records.MAX_RECORD // queues.CHUNK)
+
+
+@pytest.mark.parametrize("head", list(HOSTILE_HEADS.values()), ids=list(HOSTILE_HEADS))
+def test_a_hostile_head_costs_its_rank_one_record_said_once_and_nothing_of_the_others(
+    monkeypatch, capsys, request, head
+):
+    """Rank 2 writes a crafted head where its record of call 2 goes, while ranks 1 and 3 post theirs: the main
+    process reads no more than an honest record takes, moves past it, and prints every other record in its block."""
+    job = Job(4, monkeypatch)
+    job.store.timeout = 0.01  # a `get` of a key that never comes: a store error at once, not a wait
+    hostile = job.outboxes[2]
+    for count in range(1, 6):
+        for rank in (1, 2, 3):
+            if rank == 2 and count == 2:
+                if "empty" in request.node.name:
+                    job.store.set(queues.record_key(2, hostile.sent, 1), b"")
+                job.store.set(queues.record_key(2, hostile.sent), head)  # its own key, as a post would write it
+                hostile.parts[hostile.sent], hostile.sent = 1, hostile.sent + 1
+            else:
+                job.post(rank, count)
+        job.store.calls.clear()
+        assert job.call(count) < T
+        asked = sum(keys for method, keys in job.store.calls if method in ("get", "multi_get", "check"))
+        assert asked <= 2 * 4, job.store.calls  # the heads, and a check of each rank's next key at most
+    job.end()
+    want = [(r, f"[RANK {r}] step {c}") for c in range(1, 6) for r in range(4) if (r, c) != (2, 2)]
+    assert job.emitted() == want
+    errors = capsys.readouterr().err
+    assert errors.count("rank 2 sent something that is not an in_order record") == 1, errors
+    assert "sent no record" not in errors and "could not" not in errors, errors
+    assert job.store.data == {}
+
+
+def test_a_record_read_ahead_goes_in_its_calls_block_however_late_the_main_makes_it(monkeypatch, capsys):
+    """Rank 2 is late at A's first call; meanwhile the main process reads rank 1's next records (A, then E, a
+    line every rank calls), then works 1.5 T on its own before its calls at A and E: both blocks whole."""
+    job = Job(3, monkeypatch)
+    job.post(1, 1)
+    job.post(1, 2)
+    job.post(1, 1, site=OTHER)
+    job.post(2, 1, at=0.3 * T)
+    job.post(2, 2, at=0.31 * T)
+    job.post(2, 1, site=OTHER, at=0.31 * T)
+    job.call(1)
+    assert (OTHER, 1) in job.collector.pending  # read ahead while the main process waited for rank 2
+    job.store.now += 1.5 * T  # a checkpoint the main process writes alone
+    assert job.call(2) == 0 and job.call(1, site=OTHER) == 0
+    job.end()
+    assert job.emitted() == [
+        (r, f"[RANK {r}] {name} {c}") for name, c in (("step", 1), ("step", 2), ("eval", 1)) for r in range(3)
+    ]
+    assert "accelerate-inorder-fix" not in capsys.readouterr().err
+
+
+def test_records_of_a_line_the_main_never_calls_from_go_out_at_its_next_call(monkeypatch, capsys):
+    """`if not accelerator.is_main_process: logger.info(..., in_order=True)` before a line every rank calls: each
+    step's others-only records go out once the main process has made the call its ranks made after them."""
+    job = Job(3, monkeypatch)
+    for count in range(1, 6):
+        for rank in (1, 2):
+            job.post(rank, count, site=OTHER)
+            job.post(rank, count)
+        assert job.call(count) == 0
+    assert job.collector.pending == {}
+    want = []
+    for c in range(1, 6):
+        want += [(r, f"[RANK {r}] step {c}") for r in range(3)] + [(r, f"[RANK {r}] eval {c}") for r in (1, 2)]
+    assert job.emitted() == want
+    said = capsys.readouterr().err
+    assert len(said.splitlines()) == 1 and "ranks 1, 2 made it and the main process went past it" in said
+
+
+def test_no_new_client_is_made_for_a_store_whose_server_is_gone():
+    """A TCPStore client made for a gone server reconnects for the process group's timeout (30 minutes): a
+    connection asks the server's port first, and a refused port is said at once."""
+    import socket
+
+    from accelerate_inorder_fix.store.connection import Connection
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nobody listens there once it is closed
+    cloned = []
+    server = SimpleNamespace(host="127.0.0.1", port=port, clone=lambda: cloned.append(1))
+    prefixed = SimpleNamespace(underlying_store=server, clone=lambda: cloned.append(1))
+    for store in (server, prefixed):
+        with pytest.raises(ConnectionError, match=f"127.0.0.1:{port} is gone"):
+            Connection(store, "p/", 2.0).fresh()
+    assert cloned == []

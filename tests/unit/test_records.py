@@ -207,9 +207,16 @@ def test_non_ascii_and_undecodable_names_survive():
     text = "héllo wörld 日本語 🎉 \u202e"
     original = _record(msg=text, args=(), extra={"who": "Zoë", "odd": "name\udcff.txt"})
     payload = to_bytes(IDENTITY, original)
-    payload.decode("ascii")  # the wire carries escapes, so every str survives, lone surrogates too
     _, got = from_bytes(payload)
     assert (got.getMessage(), got.who, got.odd) == (text, "Zoë", "name\udcff.txt")
+
+
+def test_a_surrogate_pair_sent_as_two_code_units_arrives_as_two_and_an_emoji_as_one():
+    """The main process prints a rank's text code unit for code unit, as its own (JSON's `\\ud83d\\ude00`
+    escapes would join the two into one character on the way)."""
+    for text in ("a\ud83d\ude00b", "a\U0001f600b", "\ude00\ud83d"):
+        _, got = from_bytes(to_bytes(IDENTITY, _record(msg=text, args=())))
+        assert got.getMessage() == text and len(got.getMessage()) == len(text)
 
 
 def test_a_one_mebibyte_message_survives():
@@ -440,3 +447,30 @@ def test_a_call_filter_stamps_rank_and_hostname_on_this_threads_records_only_and
 class _Unprintable:
     def __str__(self):
         raise RuntimeError("no str for you")
+
+
+# -- the line upstream prints, whatever the record factory ---------------------------------------
+
+
+class _WithContext(logging.LogRecord):
+    """A record factory's record whose `getMessage` adds a suffix (as request-id and tracing factories do)."""
+
+    def getMessage(self):
+        return super().getMessage() + " <ctx>"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_factory_whose_getMessage_adds_a_suffix_prints_it_once(monkeypatch, rank):
+    from types import SimpleNamespace
+
+    from accelerate_inorder_fix._call import LogArgs
+
+    monkeypatch.setattr(records, "upstream_tags", lambda: False)
+    monkeypatch.setattr(logging, "_logRecordFactory", _WithContext)
+    logger = logging.getLogger("aif.test.factory")
+    logger.setLevel(logging.DEBUG)
+    adapter = SimpleNamespace(isEnabledFor=lambda level: True, process=lambda msg, kw: (msg, kw), logger=logger)
+    record = records.capture(LogArgs(adapter, logging.INFO, "hi %s", ("there",), {}), Origin(rank, "h", False))
+    if rank:  # through the store to the main process, rebuilt there
+        record = records.decode(records.encode(IDENTITY, record)[0], rank)[1]
+    assert record.getMessage() == f"[RANK {rank}] hi there <ctx>"  # the suffix once, as upstream prints it

@@ -3,7 +3,7 @@
     ACCELERATE_INORDER_MODE=gather torchrun --nproc_per_node 2 big_records.py
 
 Every rank makes the same in_order calls: one record each of 1, 9 and 20 MB of ASCII and one of
-800,000 emoji (3.2 MB of UTF-8, 9.6 MB as JSON), then `AFTER` ordinary ones, then one whose
+1,200,000 emoji (4.8 MB of UTF-8, over the 4 MiB cut), then `AFTER` ordinary ones, then one whose
 %-format fails (`logger.info("badformat %d", "x")`). A record line is
 `[RANK r] <name> r<rank> <body> by=r<k>`, k the rank of the process that wrote it (gather mode: 0).
 The main process reports `@@RESULT r0 slowest=<s>` (its slowest in_order call) and every rank
@@ -23,7 +23,7 @@ BODIES = {
     "mb1": "x" * 10**6,
     "mb9": "x" * (9 * 10**6),
     "mb20": "x" * (20 * 10**6),
-    "emoji": "\U0001f600" * 800_000,
+    "emoji": "\U0001f600" * 1_200_000,
 }
 AFTER = 5
 

@@ -7,6 +7,8 @@
   resumes it) and, after its last stop, makes its remaining (late) calls without pause. The main process
   reports its time spent in in_order calls, and each step whose calls took over T / 4 (`@@WAIT`).
 - `late`: collapse on; rank 1 comes to call 2 late by 1.5 T; every record is formatted with `%(ranks)s`.
+- `readahead`: two calls at a line A, then one at E, on every rank; rank 2 is 0.25 T late at A's first, and
+  the main process works 1.5 T alone after it.
 - `tag`: every rank logs `[RANK 1] says hi` (collapse from the environment).
 - `losses <calls>`: the main process's handler raises on every record of rank 1.
 
@@ -91,6 +93,14 @@ def main():
             if index == 1 and call == 2:
                 time.sleep(1.5 * timeout)
             log.info(f"late#{call} r{index}", in_order=True)
+    elif scenario == "readahead":
+        for step in (1, 2):
+            if index == 2 and step == 1:
+                time.sleep(0.25 * timeout)  # the main process reads rank 1's next records meanwhile
+            log.info(f"ra#A{step} r{index}", in_order=True)
+            if index == 0 and step == 1:
+                time.sleep(1.5 * timeout)  # a checkpoint the main process writes alone
+        log.info(f"ra#E r{index}", in_order=True)  # a line every rank calls, read ahead on rank 1
     elif scenario == "tag":
         log.info("[RANK 1] says hi", in_order=True)
     elif scenario == "losses":
