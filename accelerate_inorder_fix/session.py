@@ -4,7 +4,7 @@ One call: the wrapper makes an `_call.InOrderCall` and hands it to `InOrderSessi
 once on a process that is not a rank of the job's default process group (a child forked while that group
 existed: a DataLoader worker), or else numbers it at its site and hands it to its mode's side, opened
 once per process group (`barrier.side.BarrierSide`, `gather.side.GatherSide`). A session lives as long as
-its process group: `destroy_process_group()` ends it (its keys deleted), the next group opens a new one
+its process group: `destroy_process_group()` ends it (gather mode's keys deleted), the next group opens a new one
 under a key prefix of its own. The mode is fixed once per job: the main process writes its word (mode
 and prefix) when its process group starts (a hook on `init_process_group`; else at its first in_order
 call), every other rank reads it at its first in_order call, waiting at most the call's T.

@@ -6,7 +6,8 @@ a rank that counted all N arrivals writes it) or a skip naming the missing ranks
 deadline writes one; a wait-for cycle of two calls gives one up by a rule every rank computes alike;
 ranks already named absent are waited for from one budget only). A skip costs its call: the site's next
 call is in rank order again, and two calls in a row given up there (a rank that skips calls, which counts
-alone cannot tell from a late one) retire the site; a call some rank skips costs each rank at most 2 T in
+alone cannot tell from a late one) retire the site (at once after a wait-for cycle, a held-up call or a
+store failure); a call some rank skips costs each rank at most 2 T in
 all. The whole story, its keys and bounds: docs/barrier-mode.md.
 """
 

@@ -10,10 +10,11 @@ protocol, step by step: docs/gather-mode.md.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import NamedTuple, Union
 
 from .. import bounds
-from ..store.connection import SHORTEST_WAIT, Store
+from ..store.connection import SHORTEST_WAIT, Store, wait_until
 from ..store.errors import is_timeout
 
 
@@ -123,11 +124,12 @@ class Outbox:
         return True
 
     def learn(self, seconds: float) -> bool:
-        """Take the main process's acks (waiting up to `seconds` for the next) and delete what they cover.
+        """Take the main process's acks (waiting up to `seconds`, T, for the next, in slices no signal stretches:
+        `wait_until`) and delete what they cover.
 
         True when an ack came.
         """
-        if not wait(self.store, [ack_key(self.rank, self.acks + 1)], seconds):
+        if not wait_until(self.store, [ack_key(self.rank, self.acks + 1)], time.monotonic() + seconds, seconds):
             return False
         mark = self.cleaned
         while True:

@@ -1,6 +1,6 @@
 """End the in_order session before torch tears its process group down: a hook on `destroy_process_group`.
 
-`InOrderSession.end` closes the session's side (its threads joined, its keys deleted) just before the
+`InOrderSession.end` closes the session's side (gather mode's keys deleted) just before the
 default process group is destroyed (`accelerator.end_training()`, `destroy_process_group()`); a later
 `init_process_group` opens a new session. The hook (`hooks.TorchHook`) is installed when a session
 opens. A name bound earlier (`from torch.distributed import destroy_process_group`) keeps the original:
