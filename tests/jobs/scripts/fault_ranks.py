@@ -203,7 +203,7 @@ def skips_one(r):
 
 
 def never_reached(r):
-    """A call site the main process never reaches: those records come out at the main process's exit."""
+    """A call site the main process never reaches: those records come out once it makes a call they made after."""
     if r.index != 0:
         r.log.info(f"never_reached#1 r{r.index}", in_order=True)
     r.log.info(f"never_reached#2 r{r.index}", in_order=True)
