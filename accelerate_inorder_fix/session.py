@@ -143,6 +143,8 @@ class InOrderSession:
             self._side = GatherSide(self._store, rank, world_size)
         else:
             self._side = BarrierSide(self._store, rank, world_size)
+            if not self._main:
+                self._side.logged_before_the_word(self._counts)
         atexit.unregister(self.close)
         atexit.register(self.close)  # registered after torch's and accelerate's exit handlers: runs before them
         teardown.on_destroy(self.end)

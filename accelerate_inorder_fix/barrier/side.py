@@ -8,9 +8,11 @@ one place, `_call.emit_at_once`. No collective runs, and a call waits at most 2.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Callable
 
 from .._call import InOrderCall, emit_at_once
+from .._callsite import Site
 from .._diagnostics import COLLECTIVE, CallWarning, site_text, warn_once
 from ..config import TIMEOUT_ENV
 from ..store.connection import Store, hosted_by_rank0
@@ -57,6 +59,23 @@ class BarrierSide:
             )
             if not out:
                 emit_at_once(call)
+
+    def logged_before_the_word(self, counts: Mapping[Site, int]) -> None:
+        """Give up in the store the calls this rank logged at once before the main process's word came, and count
+        them at their sites: the main process's own calls there then pair with this rank's (never raises).
+
+        Args:
+            counts: {site: this rank's calls there so far}, each logged at once.
+        """
+        store = self.checkin.store
+        try:
+            for site, made in counts.items():
+                for k in range(1, made + 1):
+                    call = Call(site_name(site), k)
+                    store.compare_set(call.key, "", Verdict(False, Why.TIMEOUT, self.checkin.rank, {0: ""}).encode())
+                    store.add(call.counter, 1)
+        except Exception as exc:  # noqa: BLE001 -- the store failed: said at this rank's next check-in too
+            warn_once(f"barrier mode lost its store{host_gone(self.checkin)}: {exc!r}", key="lost")
 
 
 _TAIL = "this call's records are printed unordered on each rank, and so are those of every later in_order call from this line"

@@ -76,6 +76,7 @@ class Recorder:
     def __init__(self, store, rank, world_size, *rest):
         self.store, self.rank, self.calls, self.closed = store, rank, [], 0
         self.hold = {}  # site -> threading.Event the call at that site waits for
+        self.before = None  # what `logged_before_the_word` was told
 
     def call(self, call):
         self.calls.append(call.identity)
@@ -85,6 +86,9 @@ class Recorder:
 
     def close(self):
         self.closed += 1
+
+    def logged_before_the_word(self, counts):
+        self.before = dict(counts)
 
 
 def test_every_rank_takes_the_main_process_mode_and_a_rank_that_differs_says_so_once(capsys):
@@ -131,7 +135,8 @@ def test_the_main_process_silent_costs_a_rank_the_calls_timeout_and_its_record_i
 
 def test_a_call_logged_at_once_for_want_of_the_main_s_word_is_numbered_all_the_same(monkeypatch, capsys):
     """The main process's call there is numbered: so is this rank's, or each later record of the rank would go
-    into the block of the main's previous call (found by explorer_path: a connection failing at the word)."""
+    into the block of the main's previous call (found by explorer_path: a connection failing at the word); and
+    the side is told of it, so that the main's own call there is given up rather than paired with a later one."""
     monkeypatch.setattr(session_module, "BarrierSide", Recorder)
     main, rank1 = _sessions(InMemoryStore())
     rank1.call(_rank(1), _settings(), _call(1, timeout=0.05))  # no word yet: logged at once
@@ -140,6 +145,7 @@ def test_a_call_logged_at_once_for_want_of_the_main_s_word_is_numbered_all_the_s
         main.call(_rank(0), _settings(), _call(0))
     rank1.call(_rank(1), _settings(), _call(1))
     assert main.current_side.calls == [(SITE, 1), (SITE, 2)] and rank1.current_side.calls == [(SITE, 2)]
+    assert main.current_side.before is None and rank1.current_side.before == {SITE: 1}
 
 
 def test_a_store_that_fails_leaves_the_call_logged_at_once_with_one_line(capsys):

@@ -1,0 +1,61 @@
+"""The main process's word comes late (tests/jobs/test_session_edges.py): barrier mode, a real job.
+
+    torchrun --nproc_per_node 3 late_word.py
+
+The script binds `init_process_group` before the package is imported (so the package's start-up hook never
+sees the group start, and the main process writes its word at its first in_order call), then rank 0 does
+1.5 T of work of its own before a loop of `CALLS` in_order calls at one line. The other ranks' first call
+waits T for the word and is logged at once. Records are `late_word#<call> r<rank>`; each rank prints
+`@@RESULT late_word r<rank> seconds=<its time in the loop>`, and after a checked `all_reduce`, `@@DONE`.
+"""
+
+import logging
+import os
+import sys
+import time
+
+from torch.distributed import init_process_group  # bound before the package: its hook never runs
+
+
+CALLS = 4
+LATE = 1.5  # of T: rank 0's own work before the loop
+
+
+def say(line):
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def main():
+    from accelerate import PartialState
+    from accelerate.logging import get_logger
+
+    import accelerate_inorder_fix  # noqa: F401  (patches by being imported)
+
+    init_process_group("gloo")
+
+    import torch
+    import torch.distributed as dist
+
+    state = PartialState(cpu=True)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("aif.word").addHandler(handler)
+    log = get_logger("aif.word", log_level="INFO")
+    timeout = float(os.environ["ACCELERATE_INORDER_TIMEOUT"])
+    rank = state.process_index
+    if rank == 0:
+        time.sleep(LATE * timeout)  # the main process's own work (a checkpoint) before the line
+    start = time.monotonic()
+    for call in range(1, CALLS + 1):
+        log.info(f"late_word#{call} r{rank}", main_process_only=False, in_order=True)
+    say(f"@@RESULT late_word r{rank} seconds={time.monotonic() - start:.3f}")
+    value = torch.tensor([float(rank + 1)])
+    dist.all_reduce(value)
+    say(f"@@RESULT late_word r{rank} sum={value.item()}")
+    say(f"@@DONE late_word r{rank}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
