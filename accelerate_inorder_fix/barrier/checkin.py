@@ -76,6 +76,7 @@ class Why(str, enum.Enum):
     DAMAGED = "damaged"  # a check-in key held something else
     STORE = "store"  # this rank's store connection failed
     RETIRED = "retired"  # the site was given up before: no store at all
+    WORD = "word"  # the other ranks logged it at once, before the main process's word came
     NONE = ""  # a `go`
 
 
@@ -212,8 +213,8 @@ class CheckIn:
             verdict = Verdict.decode(self._check_in(call, deadline, timeout))
         except Exception:  # noqa: BLE001 -- the store failed under us: this rank cannot learn the verdict
             verdict = Verdict(False, Why.STORE, self.rank)
-        if verdict.go:
-            self.absence.clear()  # every rank was here
+        if verdict.go or verdict.why is Why.WORD:  # a `go`: every rank was here; a call before the word: none was
+            self.absence.clear()
             return verdict
         if verdict.why in (Why.CYCLE, Why.STORE) or verdict.other or self.skipped.get(call.site) == call.k - 1:
             self.retire(call)

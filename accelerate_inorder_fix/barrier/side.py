@@ -72,7 +72,7 @@ class BarrierSide:
             for site, made in counts.items():
                 for k in range(1, made + 1):
                     call = Call(site_name(site), k)
-                    store.compare_set(call.key, "", Verdict(False, Why.TIMEOUT, self.checkin.rank, {0: ""}).encode())
+                    store.compare_set(call.key, "", Verdict(False, Why.WORD, self.checkin.rank, {0: ""}).encode())
                     store.add(call.counter, 1)
         except Exception as exc:  # noqa: BLE001 -- the store failed: said at this rank's next check-in too
             warn_once(f"barrier mode lost its store{host_gone(self.checkin)}: {exc!r}", key="lost")
@@ -104,7 +104,7 @@ def say_skipped(side: CheckIn, call: Call, verdict: Verdict, timeout: float) -> 
     lowest may be the one that stopped); of a line given up at once (a wait-for cycle), by the rank that came late."""
     where, rank = site_text(call.site), side.rank
     present = [q for q in range(side.world_size) if q not in verdict.missing]
-    if verdict.why is Why.RETIRED:
+    if verdict.why in (Why.RETIRED, Why.WORD):  # nothing to say: no rank waited, and the others said why
         return
     retired = call.site in side.retired
     tail = _TAIL if retired else _ONCE

@@ -4,8 +4,8 @@
 
 The script binds `init_process_group` before the package is imported (so the package's start-up hook never
 sees the group start, and the main process writes its word at its first in_order call), then rank 0 does
-1.5 T of work of its own before a loop of `CALLS` in_order calls at one line. The other ranks' first call
-waits T for the word and is logged at once. Records are `late_word#<call> r<rank>`; each rank prints
+2.5 T of work of its own before a loop of `CALLS` in_order calls at one line. The other ranks' first two
+calls each wait T for the word and are logged at once. Records are `late_word#<call> r<rank>`; each rank prints
 `@@RESULT late_word r<rank> seconds=<its time in the loop>`, and after a checked `all_reduce`, `@@DONE`.
 """
 
@@ -17,8 +17,8 @@ import time
 from torch.distributed import init_process_group  # bound before the package: its hook never runs
 
 
-CALLS = 4
-LATE = 1.5  # of T: rank 0's own work before the loop
+CALLS = 5
+LATE = 2.5  # of T: rank 0's own work before the loop (the others log two calls at once for want of the word)
 
 
 def say(line):
