@@ -34,7 +34,8 @@ holds the invariants, at the numbers of `accelerate_inorder_fix.bounds`, per cal
 - a skip names only ranks that had not checked in at that call when it was written; a rank named for not
   handing over had not when it was named, and every rank before it had (or junk, a failed connection);
 - the store holds at most 2N + 1 keys per site used and one per rank (and what a fault left, bounded);
-- nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank.
+- nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank, and nothing runs
+  on: a schedule stops, failed, past `MAX_OPS` store operations (a loop the virtual clock does not move).
 
 `--jobs N` shards the seeds over N processes; every run ends with a coverage table (schedules per fault
 kind and per outcome).
@@ -70,6 +71,7 @@ from accelerate_inorder_fix.testing import StoreTimeout  # noqa: E402  (what a w
 
 T = 10.0  # the timeout, in virtual seconds
 UNDONE_BY_FAILURE, UNDONE_BY_DEATH = 3, 2  # store keys a failed connection, a death, may leave undeleted
+MAX_OPS = 2000  # store operations in one schedule: over four times the most a drawn one makes; past it, one runs on
 CONNECTION_TIMEOUT = T + 5.0  # a connection's own timeout (`store.connection.open_store`): where `get` gives up
 SITES = {name: (f"train_{name}.py", "step", 10 + i) for i, name in enumerate("ABMH")}
 
@@ -197,6 +199,9 @@ class Sim:
             t.start()
             self.back.acquire()
         while len(self.ended) < self.script.n:
+            if self.tick > MAX_OPS:  # a rank that loops on the store while the virtual clock stands still
+                self._stuck(f"ran on: {self.tick} store operations by t={self.now:g}")
+                break
             if not self._step():
                 if not self._advance(limit):
                     self._stuck()
@@ -209,9 +214,12 @@ class Sim:
         self.go[rank].release()
         self.back.acquire()
 
-    def _stuck(self) -> None:
+    def _stuck(self, why: str = "") -> None:
+        """Stop the schedule: a hang (nothing can run), or `why` (a rank that runs on); every blocked rank unwinds."""
         waiting = {r: (q.kind, q.name) for r, q in self.pending.items()}
-        if self.dead and all(q.kind == "collective" for q in self.pending.values()):
+        if why:
+            self.violations.append(f"{why}: {waiting}")
+        elif self.dead and all(q.kind == "collective" for q in self.pending.values()):
             self.events.append(("killed by the launcher", waiting))  # a collective waits for a dead rank
         else:
             self.violations.append(f"hang at t={self.now:g}: {waiting}")
@@ -998,6 +1006,7 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "rank-0-waits-on": ("GIVES_UP", _rank_0_waits_on),
     "no-absent": ("absence:still", _no_absent),
     "absence-budget-three-quarters": ("ABSENCE_BUDGET", 0.75),
+    "no-last-wait": ("LAST_WAIT", 0.0),
     "no-retire": ("__init__", _no_retire),
     "retire-at-once": ("__init__", _retire_at_once),
     "keep-old-verdicts": ("forget", _keep_old_verdicts),
@@ -1024,7 +1033,7 @@ def mutated(name: str) -> Any:
         return contextlib.nullcontext()
     if attribute == "GIVES_UP":
         return mock.patch.object(checkin, "gives_up", replacement)
-    if attribute == "ABSENCE_BUDGET":
+    if attribute in ("ABSENCE_BUDGET", "LAST_WAIT"):
         return mock.patch.object(checkin, attribute, replacement)
     if attribute == "LATE_WAIT":
         return mock.patch.object(handoff, attribute, replacement)

@@ -12,7 +12,7 @@ import pytest
 from explorer import MUTATIONS, SITES, Script, T, draw, explore, main, mutated, run
 
 from accelerate_inorder_fix import bounds
-from accelerate_inorder_fix.barrier import checkin
+from accelerate_inorder_fix.barrier import checkin, handoff
 
 
 SCHEDULES = 2000
@@ -441,6 +441,22 @@ def test_two_calls_in_a_row_given_up_at_a_site_retire_it():
     assert all(e[3].why == "retired" for e in verdicts(sim) if e[2].endswith(("/4", "/5")))
     assert max(waited(sim, r) for r in range(3)) <= 1.5 * T + 1e-9
     assert len(sim.data) <= bounds.store_keys(3, 1), sorted(sim.data)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_go_read_late_by_a_cycles_winner_with_two_ranks_dead_in_their_turns_stays_within_the_call_bound(seed):
+    """Rank 0's main-only call M is given up; it then works 0.95 T before A, so the winners read A's `go` near 2 T.
+    Ranks 1 and 2 die in their turns: rank 3 waits T/4 (`handoff.LATE_WAIT`) for rank 2, finds the break at rank 1
+    and gives rank 2 T/4 more: 2.45 T, within `CALL` (a longer late wait, 0.5 T, makes it 2.95 T)."""
+    script = Script(
+        4, {0: [("call", "M"), ("delay", 0.95 * T), ("call", "A")], **{r: [("call", "A")] for r in (1, 2, 3)}}
+    )
+    script.die_in_turn.update({1: 1, 2: 1})
+    script.divergences = 3
+    sim, problems = run(script, seed)
+    assert not problems, problems
+    last = [e[4] - e[3] for e in sim.events if e[0] == "call" and e[1] == 3]
+    assert last == [pytest.approx((1.95 + 2 * handoff.LATE_WAIT) * T)]
 
 
 def test_a_go_call_costs_a_handful_of_store_operations_per_rank():
