@@ -16,7 +16,9 @@ TCPStore job: a rank that skips a call or a step, comes late, makes a main-only 
 operation reaches the server or after it was applied, or inside its turn (in its log handler), or whose
 handler is slow; junk written to a check-in or handoff key; a connection that fails (before or after
 the server applied the operation; it stays failed) and whose reconnect may fail too; the wall clock
-stepped (the check-in must not read it); a handler that logs in_order itself while it emits (site H). `get`
+stepped (the check-in must not read it); a handler that logs in_order itself while it emits (site H); a rank
+late past T at two calls in a row of one line, one that skips the first line's first call (the other line after
+it), and a signal in a store wait (torch's client restarts it with its whole timeout). `get`
 of a missing key waits until the connection's timeout
 and raises; a waiter whose key is set and deleted before it runs is woken. After each schedule `check`
 holds the invariants, at the numbers of `accelerate_inorder_fix.bounds`, per call, rank and divergence:
@@ -66,6 +68,7 @@ from accelerate_inorder_fix.barrier import (
     side,  # noqa: E402
     turns,  # noqa: E402
 )
+from accelerate_inorder_fix.store.connection import SLICE  # noqa: E402
 from accelerate_inorder_fix.testing import StoreTimeout  # noqa: E402  (what a wait raises at its deadline)
 
 
@@ -117,6 +120,8 @@ class Script:
     # (rank, step, site) -> the ordinary delay (no divergence) the rank makes before that call; a drawn script's
     # only: others' delays are what a rank may wait for besides the divergences (`_ordinary_wait`)
     ordinary: dict[tuple[int, int, str], float] = field(default_factory=dict)
+    signal: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (its n-th wait, fraction): a signal
+    # that far into that wait, which torch's client then restarts with its whole timeout (EINTR)
     nested_at: int = 0  # every rank's handler, emitting its record of its call k at site A, makes an in_order call (H)
     notes: list[str] = field(default_factory=list)
 
@@ -164,6 +169,8 @@ class Sim:
         self.writer: dict[str, Optional[int]] = {}  # verdict key -> the rank whose write stands (None: junk)
         self.first: dict[str, bytes] = {}  # verdict key -> the value that stands
         self.handling: dict[tuple[int, int], float] = {}  # (rank, its call) -> its handler's own time (slow, nested)
+        self.calling: dict[int, int] = {}  # rank -> the number of the call it is making
+        self.stretched: dict[int, float] = {}  # rank -> how far a signal stretched one of its waits
 
     # -- what a rank thread calls -----------------------------------------------------------------
 
@@ -431,6 +438,7 @@ class Connection:
     def __init__(self, sim: Sim, rank: int) -> None:
         self.sim, self.rank = sim, rank
         self.broken = False  # a failed connection stays failed, as a TCPStore client's does
+        self.waits = 0
 
     def _op(self, name: str, *args: Any, until: float = 0.0) -> Any:
         if self.broken:
@@ -447,7 +455,18 @@ class Connection:
         return bytes(self._op("compare_set", key, _b(expected), _b(desired)))
 
     def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
-        self._op("wait", list(keys), until=self.sim.now + timeout.total_seconds())
+        self._op("wait", list(keys), until=self.sim.now + self._signalled(timeout.total_seconds()))
+
+    def _signalled(self, seconds: float) -> float:
+        """How long a wait of `seconds` lasts: with a signal (`Script.signal`) at a fraction of it, torch's client
+        restarts it with the whole timeout; the stretch is checked on its own, not as waiting."""
+        which, fraction = self.sim.script.signal.get(self.rank, (0, 0.0))
+        self.waits += 1
+        if which == self.waits:
+            self.sim.stretched[self.rank] = fraction * seconds
+            key = (self.rank, self.sim.calling.get(self.rank, 0))
+            self.sim.handling[key] = self.sim.handling.get(key, 0.0) + fraction * seconds
+        return seconds * (1 + fraction) if which == self.waits else seconds
 
     def get(self, key: str) -> bytes:
         return bytes(self._op("get", key, until=self.sim.now + CONNECTION_TIMEOUT))
@@ -531,6 +550,7 @@ class Rank:
         self.at_site[name] = self.at_site.get(name, 0) + 1
         self.call_tag = self.sim.current[self.rank] = f"{name}/{self.at_site[name]}"
         self.number[self.call_tag] = self.calls
+        self.sim.calling[self.rank] = self.calls
         self.sim.made[(self.rank, name)] = self.at_site[name]
         start, call, tag = self.sim.now, self.calls, self.call_tag
         log = LogArgs(self, 20, (self.rank, call, letter, step), (), {})
@@ -649,6 +669,7 @@ def draw(seed: int, extras: bool = True) -> Script:
             script.divergences += 1
             script.notes.append(f"nested: every rank's handler logs in_order at its call {script.nested_at} at A")
         _extra_fault(seed, script)
+        _late_fault(seed, script)
     return script
 
 
@@ -685,6 +706,30 @@ def _diverge(rng: random.Random, script: Script, collectives: bool) -> None:
     else:
         script.die_at[r] = rng.randint(1, 12)
     script.notes.append(f"{kind}: rank {r}, action {at}")
+
+
+def _late_fault(seed: int, script: Script) -> None:
+    """A late-but-present schedule in about a third of them, drawn apart from `draw`'s generator: a rank late past T
+    at two calls in a row of one line (on time at the next, and at the other line), a rank that skips its first call
+    of the first line in the first round (the other line after it), or a signal in one of a rank's store waits."""
+    rng = random.Random(seed * 7907 + 29)
+    if rng.random() >= 0.35:
+        return
+    kind, r = rng.choice(["late-twice", "skip-first", "signal"]), rng.randrange(script.n)
+    actions = script.actions[r]
+    calls = [i for i, a in enumerate(actions) if a[0] == "call" and a[1] == "A"]
+    if kind == "signal":
+        script.signal[r] = (rng.randint(1, 8), round(rng.uniform(0.1, 0.99), 3))
+    elif kind == "skip-first" and calls and any(a[1:2] == ("B",) for a in actions):
+        del actions[calls[0]]
+    elif kind == "late-twice" and len(calls) >= 2:
+        first = rng.randrange(len(calls) - 1)
+        for i in sorted(calls[first : first + 2], reverse=True):
+            actions.insert(i, ("delay", round(rng.uniform(1.05, 1.5) * T, 3)))
+    else:
+        return
+    script.divergences += {"late-twice": 2, "skip-first": 1}.get(kind, 0)  # each late call is one; a signal none
+    script.notes.append(f"{kind}: rank {r}")
 
 
 def _extra_fault(seed: int, script: Script) -> None:
@@ -728,6 +773,11 @@ def check(sim: Sim) -> list[str]:
             if e[0] == "verdict" and "M.py" not in e[2] and not e[3].go
         ]
     problems += _late_only(sim)
+    problems += [
+        f"a signal stretched rank {r}'s wait by {seconds:g} > one slice"
+        for r, seconds in sim.stretched.items()
+        if seconds > SLICE * T + 1e-9
+    ]
     problems += _store(sim)
     return problems
 

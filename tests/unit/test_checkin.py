@@ -71,6 +71,9 @@ def test_the_schedules_cover_every_kind_of_divergence():
         "slow:",
         "fail-applied:",
         "die-applied:",
+        "late-twice:",
+        "skip-first:",
+        "signal:",
     )
     for kind in (*kinds, "main-only"):
         assert notes.count(kind) >= 20, kind
