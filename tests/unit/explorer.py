@@ -983,6 +983,16 @@ def _no_retire(self: checkin.CheckIn, *args: Any, **kwargs: Any) -> None:
     self.retired = _Forgetful()
 
 
+class _Unkept(dict):  # type: ignore[type-arg]
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+def _no_pass_by(self: checkin.CheckIn, *args: Any, **kwargs: Any) -> None:
+    _INIT(self, *args, **kwargs)
+    self.passed = _Unkept()  # a rank forgets the calls it passed by: its later calls there pair one call early
+
+
 class _Any:
     def __eq__(self, other: object) -> bool:
         return True
@@ -1059,6 +1069,7 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "no-last-wait": ("LAST_WAIT", 0.0),
     "no-retire": ("__init__", _no_retire),
     "retire-at-once": ("__init__", _retire_at_once),
+    "no-pass-by": ("__init__", _no_pass_by),
     "keep-old-verdicts": ("forget", _keep_old_verdicts),
     "no-handoff-wait": ("handoff:take", _turns(wait_before=False)),
     "no-final-wait": ("handoff:take", _turns(wait_last=False)),
