@@ -275,14 +275,14 @@ class CheckIn:
                     continue
             markers = self._markers()
             missing = {q: m for q, m in markers.items() if m != call.marker}
+            if self.store.check([call.key]):  # decided meanwhile (a rank marked elsewhere may have left it)
+                return bytes(self.store.get(call.key))
             if end == deadline and not missing:  # every rank is here: the last one's `go` may be on its way
                 end = deadline + timeout * LAST_WAIT
                 continue
             if end == deadline and self._won_cycle(call, markers, missing):
                 end, won = deadline + timeout, Call.parse(next(iter(missing.values())))
                 continue
-            if self.store.check([call.key]):  # decided meanwhile (by the cycle's other side)
-                return bytes(self.store.get(call.key))
             return self._give_up(call, Why.TIMEOUT, missing, won or self._held_up(call, missing))
 
     def _held_up(self, call: Call, missing: dict[int, str]) -> Optional[Call]:
