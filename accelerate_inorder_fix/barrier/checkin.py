@@ -1,14 +1,11 @@
 """Barrier mode's check-in: every rank agrees through the job's store whether one call's turns run.
 
-Each rank marks where it is (`w/<r>`), counts itself in at the call's site (`add`), and reads one
-verdict, written with `compare_set(key, "", verdict)` so the first value wins for everyone: `go` (only
-a rank that counted all N arrivals writes it) or a skip naming the missing ranks (any rank at its
-deadline writes one; a wait-for cycle of two calls gives one up by a rule every rank computes alike;
-ranks already named absent are waited for from one budget only). A skip costs its call: the site's next
-call is in rank order again, and two calls in a row given up there (a rank that skips calls, which counts
-alone cannot tell from a late one) retire the site (at once after a wait-for cycle, a held-up call or a
-store failure); a call some rank skips costs each rank at most 2 T in
-all. The whole story, its keys and bounds: docs/barrier-mode.md.
+Each rank marks where it is (`w/<r>`), counts itself in at the call's site (`add`), and reads one verdict,
+written with `compare_set(key, "", verdict)` so the first value wins for everyone: `go` (only a rank that
+counted all N arrivals writes it) or a skip naming the missing ranks (any rank at its deadline; a wait-for
+cycle of two calls gives one up by a rule every rank computes alike, and it counts as made by the ranks at the
+other; ranks named absent are waited for from one budget only). A skip costs its call, two in a row the site;
+a call some rank skips costs each rank at most 2 T in all. The whole story: docs/barrier-mode.md.
 """
 
 from __future__ import annotations
@@ -156,24 +153,20 @@ class Absence:
             return dict(self.named)
 
 
-def gives_up(ours: Call, other: Call, history: dict[str, tuple[int, int, int]], tie: tuple[int, int, bool]) -> bool:
+def gives_up(ours: Call, other: Call, history: dict[str, tuple[int, int, int]], rank0_here: bool) -> bool:
     """Of two calls waiting for each other, whether `ours` gives up; every rank at either decides alike.
 
     The ranks at `other` passed `ours` by: so when `other` is this rank's next call at its site and, in this
     rank's last round, `ours`'s site came before `other`'s (a site not made before counts as earliest),
-    `ours` is the call they skipped. Without that history: the call with fewer ranks at it, and on a tie
-    the one rank 0 waits at (a main-only call before an every-rank call is the usual mistake).
+    `ours` is the call they skipped. Without that history (the first round): the call rank 0 waits at.
 
     Args:
         history: {site: (this rank's calls there, its check-in number at the last, at the one before)}.
-        tie: (ranks at `ours`, ranks at `other`, whether rank 0 is at `ours`).
+        rank0_here: whether rank 0 waits at `ours`.
     """
     before = history.get(ours.site, (0, 0, 0))[2]
     count, last, _ = history.get(other.site, (0, 0, 0))
-    if count == other.k - 1 and (before or last):
-        return before < last
-    here, there, rank0_here = tie
-    return here < there or (here == there and rank0_here)
+    return before < last if count == other.k - 1 and (before or last) else rank0_here
 
 
 class CheckIn:
@@ -191,46 +184,54 @@ class CheckIn:
         self.skipped: dict[str, int] = {}  # site -> its last call given up (a second in a row retires the site)
         self.missed: dict[str, set[int]] = {}  # site -> the ranks its last call given up named missing
         self.history: dict[str, tuple[int, int, int]] = {}  # `gives_up`'s
+        self.passed: dict[str, int] = {}  # site -> its calls given up in a cycle while this rank waited at another
         self.calls = 0
         self.timeout = 0.0  # T, as the last call gave it: what `wait_for` slices
         self._lock = threading.Lock()
         self.absence = Absence()
 
-    def verdict(self, call: Call, deadline: float, timeout: float) -> Verdict:
-        """Check this rank in at `call` and return the verdict every rank follows (never raises).
+    def verdict(self, call: Call, deadline: float, timeout: float) -> tuple[Call, Verdict]:
+        """Check this rank in at `call` (the session's number); the call it made and the verdict all follow (never
+        raises). A call given up in a cycle naming this rank at the other call was passed by: it takes the next.
 
         Args:
             deadline: on `clock`, when the call's wait ends (T from the call's start).
             timeout: T, in seconds.
         """
+        call = Call(call.site, call.k + self.passed.get(call.site, 0))
         if call.site in self.retired:
-            return RETIRED
+            return call, RETIRED
         self.timeout = timeout
         with self._lock:
             self.calls += 1
             self.history[call.site] = (call.k, self.calls, self.history.get(call.site, (0, 0, 0))[1])
-        try:
-            verdict = Verdict.decode(self._check_in(call, deadline, timeout))
-        except Exception:  # noqa: BLE001 -- the store failed under us: this rank cannot learn the verdict
-            verdict = Verdict(False, Why.STORE, self.rank)
-        if verdict.go or verdict.why is Why.WORD:  # a `go`: every rank was here; a call before the word: none was
-            self.absence.clear()
-            return verdict
-        if verdict.why in (Why.CYCLE, Why.STORE) or verdict.other or self.skipped.get(call.site) == call.k - 1:
-            self.retire(call)
-        self.skipped[call.site], self.missed[call.site] = call.k, set(verdict.missing) - {self.rank}
-        if verdict.why is Why.TIMEOUT and not verdict.missing:  # every rank was here: one stopped in it
-            self.absence.name({q: call.marker for q in range(self.world_size) if q != self.rank}, timeout)
-        elif verdict.why in (Why.TIMEOUT, Why.ABSENT):
-            self.absence.name({q: m for q, m in verdict.missing.items() if q != self.rank}, timeout)
-        return verdict
+        while True:
+            try:
+                verdict = Verdict.decode(self._check_in(call, deadline, timeout))
+            except Exception:  # noqa: BLE001 -- the store failed under us: this rank cannot learn the verdict
+                verdict = Verdict(False, Why.STORE, self.rank)
+            if verdict.go or verdict.why is Why.WORD:  # a `go`: every rank was here; before the word: none was
+                self.absence.clear()
+                return call, verdict
+            cycle, missing, second = verdict.why is Why.CYCLE, set(verdict.missing), self.previous(call) < call.k - 1
+            alone = missing == set(range(1, self.world_size))  # rank 0 alone at a call given up in a cycle: main-only
+            if verdict.why is Why.STORE or (alone if cycle else verdict.other) or second:
+                self.retire(call)  # `other` of a timeout: its ranks passed it by (in another call's turns, or won)
+            self.skipped[call.site], self.missed[call.site] = call.k, set() if cycle else missing - {self.rank}
+            if verdict.why in (Why.TIMEOUT, Why.ABSENT):  # naming nobody: every rank was here, one stopped in it
+                named = verdict.missing or dict.fromkeys(range(self.world_size), call.marker)
+                self.absence.name({q: m for q, m in named.items() if q != self.rank}, timeout)
+            if not cycle or self.rank not in missing or call.site in self.retired:
+                return call, verdict
+            self.passed[call.site] = self.passed.get(call.site, 0) + 1
+            call = Call(call.site, call.k + 1)
+            self.history[call.site] = (call.k, *self.history[call.site][1:])
 
     def retire(self, call: Call) -> None:
-        """Give `call`'s site up on this rank: its later calls are logged at once. After two calls in a row given
-        up, the rank deletes the verdict of the site's last `go` (every rank left it; its rank 0 may be the one
-        that skipped)."""
+        """Give `call`'s site up on this rank: its later calls are logged at once. After two calls in a row given up,
+        it deletes the verdict of the site's last `go` (every rank left it; its rank 0 may be the one that skipped)."""
         self.retired.add(call.site)
-        if self.skipped.get(call.site) == call.k - 1 and call.k > 2:
+        if self.previous(call) < call.k - 1 and call.k > 2:
             try:
                 self.store.delete_key(Call(call.site, call.k - 2).key)
             except Exception:  # noqa: BLE001 -- a store failed under us: the key stays (said at its next call)
@@ -252,8 +253,7 @@ class CheckIn:
         last = call.k * self.world_size
         if arrived == last:
             return self._decide(call, GO)
-        if not last - 2 * self.world_size < arrived < last:  # a counter someone else wrote to (a rank late to
-            # the call before may not be counted there yet)
+        if not last - 2 * self.world_size < arrived < last:  # someone else wrote to it (not: a rank late to k-1)
             return self._give_up(call, Why.DAMAGED, {})
         return self._await(call, deadline, timeout)
 
@@ -276,14 +276,14 @@ class CheckIn:
                     continue
             markers = self._markers()
             missing = {q: m for q, m in markers.items() if m != call.marker}
+            if self.store.check([call.key]):  # decided meanwhile (a rank marked elsewhere may have left it)
+                return bytes(self.store.get(call.key))
             if end == deadline and not missing:  # every rank is here: the last one's `go` may be on its way
                 end = deadline + timeout * LAST_WAIT
                 continue
             if end == deadline and self._won_cycle(call, markers, missing):
                 end, won = deadline + timeout, Call.parse(next(iter(missing.values())))
                 continue
-            if self.store.check([call.key]):  # decided meanwhile (by the cycle's other side)
-                return bytes(self.store.get(call.key))
             return self._give_up(call, Why.TIMEOUT, missing, won or self._held_up(call, missing))
 
     def _held_up(self, call: Call, missing: dict[int, str]) -> Optional[Call]:
@@ -300,7 +300,7 @@ class CheckIn:
     def _absent(self, call: Call) -> dict[int, str]:
         """The ranks this call waits for from the absence budget only: those named missing and not back, and, at
         the call after one given up at its site, the ranks that call missed, until they come here."""
-        missed = self.missed.get(call.site, ()) if self.skipped.get(call.site) == call.k - 1 else ()
+        missed = self.missed.get(call.site, ()) if self.previous(call) < call.k - 1 else ()
         if not self.absence.named and not missed:
             return {}
         markers = self._markers()
@@ -322,7 +322,7 @@ class CheckIn:
             return self._given_up_for(other, call)
         with self._lock:
             history = dict(self.history)
-        if gives_up(call, other, history, (self.world_size - len(missing), len(missing), 0 not in missing)):
+        if gives_up(call, other, history, 0 not in missing):
             self._give_up(call, Why.CYCLE, missing, other)
             return False
         ours = {q: call.marker for q in range(self.world_size) if q not in missing}

@@ -1,13 +1,12 @@
 """Barrier mode's turns after a `go`: rank r waits for rank r-1's handoff key, emits, sets its own.
 
-The handoff owns its keys (`h/<site>/<k>/<r>`): each rank sets its own, and deletes its own of the site's
-last `go` call (`CheckIn.previous`) once it read this call's `go` (every rank had left that call). Ranks before the
-last wait for the last rank's key, so a call returns when every record is out, as upstream's barriers.
-Each wait ends at the call's deadline, or a quarter of T after it began when that is later; past it, the
-rank names the first rank whose handoff is missing, emits and hands over; past a break before the rank it
-waits for, it gives that rank a quarter of T more, so the survivors' records stay in rank order and no rank
-returns (and exits) while a later one still takes its turn: a rank that
-dies in its turn costs each other rank at most 1.75 T in all, the absent rule's wait included.
+The handoff owns its keys (`h/<site>/<k>/<r>`): each rank sets its own, and deletes its own of the site's last `go`
+call (`CheckIn.previous`) once it read this call's `go` (every rank had left that call). Ranks before the last wait for
+the last rank's key, so a call returns when every record is out, as upstream's. Each wait ends at the call's deadline,
+or a quarter of T after it began when that is later; past it, the rank names the first rank whose handoff is missing,
+emits and hands over; past a break before the rank it waits for, it gives that rank a quarter of T more, so the
+survivors' records stay in rank order and no rank returns (and exits) while a later one still takes its turn: a rank
+that dies in its turn costs each other rank at most 1.75 T in all, the absent rule's wait included.
 """
 
 from __future__ import annotations

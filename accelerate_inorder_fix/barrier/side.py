@@ -38,8 +38,8 @@ class BarrierSide:
     def call(self, call: InOrderCall) -> None:
         """One in_order call of this rank: check in, read the verdict, then the turns or the record at once."""
         start = self.checkin.clock()
-        where = Call(site_name(call.site), call.count)
-        verdict = self.checkin.verdict(where, start + call.timeout, call.timeout)
+        counted = Call(site_name(call.site), call.count)
+        where, verdict = self.checkin.verdict(counted, start + call.timeout, call.timeout)
         if not verdict.go:
             say_skipped(self.checkin, where, verdict, call.timeout)
             emit_at_once(call)
@@ -100,8 +100,7 @@ def host_gone(side: CheckIn) -> str:
 
 def say_skipped(side: CheckIn, call: Call, verdict: Verdict, timeout: float) -> None:
     """One line per given-up site, and one more when a second call in a row there gives the line up: said by the
-    lowest rank that was there (when every rank came, one stopped in it: by the rank that wrote the skip: the
-    lowest may be the one that stopped); of a line given up at once (a wait-for cycle), by the rank that came late."""
+    lowest rank there (when every rank came, one stopped in it: by the skip's writer); of a retired line, by late ranks."""
     where, rank = site_text(call.site), side.rank
     present = [q for q in range(side.world_size) if q not in verdict.missing]
     if verdict.why in (Why.RETIRED, Why.WORD):  # nothing to say: no rank waited, and the others said why
@@ -127,7 +126,7 @@ def say_skipped(side: CheckIn, call: Call, verdict: Verdict, timeout: float) -> 
         what, share = _WHAT.get(verdict.why, _WHAT[Why.TIMEOUT])
         event = what.format(other=site_text(verdict.other.rpartition("/")[0]), timeout=timeout, env=TIMEOUT_ENV)
         text = CallWarning(where, tuple(sorted(verdict.missing)), event, timeout * share, tail, COLLECTIVE)
-    if retired and verdict.why is not Why.CYCLE and warn_once(text, key=("checkin", call.site)) is False:
+    if retired and warn_once(text, key=("checkin", call.site)) is False:
         event = "missed two calls in a row here (a call skipped, not only late)"
         text = CallWarning(where, tuple(sorted(verdict.missing)), event, text.cost, _TAIL, COLLECTIVE)
         warn_once(text, key=("checkin", call.site, "retired"))

@@ -16,7 +16,9 @@ TCPStore job: a rank that skips a call or a step, comes late, makes a main-only 
 operation reaches the server or after it was applied, or inside its turn (in its log handler), or whose
 handler is slow; junk written to a check-in or handoff key; a connection that fails (before or after
 the server applied the operation; it stays failed) and whose reconnect may fail too; the wall clock
-stepped (the check-in must not read it); a handler that logs in_order itself while it emits (site H). `get`
+stepped (the check-in must not read it); a handler that logs in_order itself while it emits (site H); a rank
+late past T at two calls in a row of one line, one that skips the first line's first call (the other line after
+it), and a signal in a store wait (torch's client restarts it with its whole timeout). `get`
 of a missing key waits until the connection's timeout
 and raises; a waiter whose key is set and deleted before it runs is woken. After each schedule `check`
 holds the invariants, at the numbers of `accelerate_inorder_fix.bounds`, per call, rank and divergence:
@@ -34,7 +36,8 @@ holds the invariants, at the numbers of `accelerate_inorder_fix.bounds`, per cal
 - a skip names only ranks that had not checked in at that call when it was written; a rank named for not
   handing over had not when it was named, and every rank before it had (or junk, a failed connection);
 - the store holds at most 2N + 1 keys per site used and one per rank (and what a fault left, bounded);
-- nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank.
+- nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank, and nothing runs
+  on: a schedule stops, failed, past `MAX_OPS` store operations (a loop the virtual clock does not move).
 
 `--jobs N` shards the seeds over N processes; every run ends with a coverage table (schedules per fault
 kind and per outcome).
@@ -65,11 +68,13 @@ from accelerate_inorder_fix.barrier import (
     side,  # noqa: E402
     turns,  # noqa: E402
 )
+from accelerate_inorder_fix.store.connection import SLICE  # noqa: E402
 from accelerate_inorder_fix.testing import StoreTimeout  # noqa: E402  (what a wait raises at its deadline)
 
 
 T = 10.0  # the timeout, in virtual seconds
 UNDONE_BY_FAILURE, UNDONE_BY_DEATH = 3, 2  # store keys a failed connection, a death, may leave undeleted
+MAX_OPS = 2000  # store operations in one schedule: over four times the most a drawn one makes; past it, one runs on
 CONNECTION_TIMEOUT = T + 5.0  # a connection's own timeout (`store.connection.open_store`): where `get` gives up
 SITES = {name: (f"train_{name}.py", "step", 10 + i) for i, name in enumerate("ABMH")}
 
@@ -115,6 +120,8 @@ class Script:
     # (rank, step, site) -> the ordinary delay (no divergence) the rank makes before that call; a drawn script's
     # only: others' delays are what a rank may wait for besides the divergences (`_ordinary_wait`)
     ordinary: dict[tuple[int, int, str], float] = field(default_factory=dict)
+    signal: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (its n-th wait, fraction): a signal
+    # that far into that wait, which torch's client then restarts with its whole timeout (EINTR)
     nested_at: int = 0  # every rank's handler, emitting its record of its call k at site A, makes an in_order call (H)
     notes: list[str] = field(default_factory=list)
 
@@ -162,6 +169,8 @@ class Sim:
         self.writer: dict[str, Optional[int]] = {}  # verdict key -> the rank whose write stands (None: junk)
         self.first: dict[str, bytes] = {}  # verdict key -> the value that stands
         self.handling: dict[tuple[int, int], float] = {}  # (rank, its call) -> its handler's own time (slow, nested)
+        self.calling: dict[int, int] = {}  # rank -> the number of the call it is making
+        self.stretched: dict[int, float] = {}  # rank -> how far a signal stretched one of its waits
 
     # -- what a rank thread calls -----------------------------------------------------------------
 
@@ -197,6 +206,9 @@ class Sim:
             t.start()
             self.back.acquire()
         while len(self.ended) < self.script.n:
+            if self.tick > MAX_OPS:  # a rank that loops on the store while the virtual clock stands still
+                self._stuck(f"ran on: {self.tick} store operations by t={self.now:g}")
+                break
             if not self._step():
                 if not self._advance(limit):
                     self._stuck()
@@ -209,9 +221,12 @@ class Sim:
         self.go[rank].release()
         self.back.acquire()
 
-    def _stuck(self) -> None:
+    def _stuck(self, why: str = "") -> None:
+        """Stop the schedule: a hang (nothing can run), or `why` (a rank that runs on); every blocked rank unwinds."""
         waiting = {r: (q.kind, q.name) for r, q in self.pending.items()}
-        if self.dead and all(q.kind == "collective" for q in self.pending.values()):
+        if why:
+            self.violations.append(f"{why}: {waiting}")
+        elif self.dead and all(q.kind == "collective" for q in self.pending.values()):
             self.events.append(("killed by the launcher", waiting))  # a collective waits for a dead rank
         else:
             self.violations.append(f"hang at t={self.now:g}: {waiting}")
@@ -423,6 +438,7 @@ class Connection:
     def __init__(self, sim: Sim, rank: int) -> None:
         self.sim, self.rank = sim, rank
         self.broken = False  # a failed connection stays failed, as a TCPStore client's does
+        self.waits = 0
 
     def _op(self, name: str, *args: Any, until: float = 0.0) -> Any:
         if self.broken:
@@ -439,7 +455,18 @@ class Connection:
         return bytes(self._op("compare_set", key, _b(expected), _b(desired)))
 
     def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
-        self._op("wait", list(keys), until=self.sim.now + timeout.total_seconds())
+        self._op("wait", list(keys), until=self.sim.now + self._signalled(timeout.total_seconds()))
+
+    def _signalled(self, seconds: float) -> float:
+        """How long a wait of `seconds` lasts: with a signal (`Script.signal`) at a fraction of it, torch's client
+        restarts it with the whole timeout; the stretch is checked on its own, not as waiting."""
+        which, fraction = self.sim.script.signal.get(self.rank, (0, 0.0))
+        self.waits += 1
+        if which == self.waits:
+            self.sim.stretched[self.rank] = fraction * seconds
+            key = (self.rank, self.sim.calling.get(self.rank, 0))
+            self.sim.handling[key] = self.sim.handling.get(key, 0.0) + fraction * seconds
+        return seconds * (1 + fraction) if which == self.waits else seconds
 
     def get(self, key: str) -> bytes:
         return bytes(self._op("get", key, until=self.sim.now + CONNECTION_TIMEOUT))
@@ -514,17 +541,19 @@ class Rank:
             self.sim.handling[key] = self.sim.handling.get(key, 0.0) + self.sim.now - began
         self.sim.events.append(("emit", self.rank, msg, self.sim.now))
 
-    def call(self, letter: str) -> None:
-        """One in_order call at site `letter`: `BarrierSide.call`, timed from its start to its return."""
+    def call(self, letter: str, step: Optional[int] = None) -> None:
+        """One in_order call at site `letter` (in the script's `step`, when it says): `BarrierSide.call`, timed from
+        its start to its return."""
         self.calls += 1
         site = SITES[letter]
         name = checkin.site_name(site)
         self.at_site[name] = self.at_site.get(name, 0) + 1
         self.call_tag = self.sim.current[self.rank] = f"{name}/{self.at_site[name]}"
         self.number[self.call_tag] = self.calls
+        self.sim.calling[self.rank] = self.calls
         self.sim.made[(self.rank, name)] = self.at_site[name]
         start, call, tag = self.sim.now, self.calls, self.call_tag
-        log = LogArgs(self, 20, (self.rank, call, letter), (), {})
+        log = LogArgs(self, 20, (self.rank, call, letter, step), (), {})
         number = self.at_site[name]  # as the session numbers it: every call at the site is a barrier-mode one
         self.barrier.call(InOrderCall(site, log, Origin(self.rank, "host", False), T, number))
         self.sim.events.append(("call", self.rank, tag, start, self.sim.now, call))
@@ -535,7 +564,7 @@ class Rank:
             self.sim.block(Request(self.rank, "resume"))
             for action in self.sim.script.actions[self.rank]:
                 if action[0] == "call":
-                    self.call(action[1])
+                    self.call(*action[1:])
                 elif action[0] == "delay":
                     self.sim.block(Request(self.rank, "delay", until=self.sim.now + action[1]))
                 else:
@@ -557,13 +586,19 @@ class WatchedSide(side.BarrierSide):
         verdict, take, first_missing = self.checkin.verdict, self.turns.take, self.turns._first_missing
         named_at: list[int] = [0]
 
-        def watched_verdict(call: checkin.Call, deadline: float, timeout: float) -> checkin.Verdict:
-            start, tag = rank.sim.now, call.marker
-            result = verdict(call, deadline, timeout)
+        def watched_verdict(
+            call: checkin.Call, deadline: float, timeout: float
+        ) -> tuple[checkin.Call, checkin.Verdict]:
+            start = rank.sim.now
+            made, result = verdict(call, deadline, timeout)
+            tag = made.marker  # the call it made in the store (renumbered after a call it passed by)
+            if tag != call.marker:
+                rank.number[tag] = rank.number.pop(call.marker)
+                rank.call_tag = rank.sim.current[rank.rank] = tag
             rank.verdicts.append(result)
             gone = result.why is checkin.Why.STORE  # it could not read the verdict: what it followed is its own
             rank.sim.events.append(("verdict", rank.rank, tag, result, start, rank.sim.now, rank.number[tag], gone))
-            return result
+            return made, result
 
         def watched_first_missing(call: checkin.Call, ranks: range) -> Optional[int]:
             missing = first_missing(call, ranks)
@@ -613,7 +648,7 @@ def draw(seed: int, extras: bool = True) -> Script:
                 if rng.random() < 0.3:
                     script.actions[r].append(("delay", round(rng.uniform(0, 0.2 * T), 3)))
                     script.ordinary[(r, step, name)] = script.actions[r][-1][1]
-                script.actions[r].append(("call", name))
+                script.actions[r].append(("call", name, step))
             if collectives:
                 script.actions[r].append(("collective", step))
     if main_only:
@@ -634,6 +669,7 @@ def draw(seed: int, extras: bool = True) -> Script:
             script.divergences += 1
             script.notes.append(f"nested: every rank's handler logs in_order at its call {script.nested_at} at A")
         _extra_fault(seed, script)
+        _late_fault(seed, script)
     return script
 
 
@@ -670,6 +706,30 @@ def _diverge(rng: random.Random, script: Script, collectives: bool) -> None:
     else:
         script.die_at[r] = rng.randint(1, 12)
     script.notes.append(f"{kind}: rank {r}, action {at}")
+
+
+def _late_fault(seed: int, script: Script) -> None:
+    """A late-but-present schedule in about a third of them, drawn apart from `draw`'s generator: a rank late past T
+    at two calls in a row of one line (on time at the next, and at the other line), a rank that skips its first call
+    of the first line in the first round (the other line after it), or a signal in one of a rank's store waits."""
+    rng = random.Random(seed * 7907 + 29)
+    if rng.random() >= 0.35:
+        return
+    kind, r = rng.choice(["late-twice", "skip-first", "signal"]), rng.randrange(script.n)
+    actions = script.actions[r]
+    calls = [i for i, a in enumerate(actions) if a[0] == "call" and a[1] == "A"]
+    if kind == "signal":
+        script.signal[r] = (rng.randint(1, 8), round(rng.uniform(0.1, 0.99), 3))
+    elif kind == "skip-first" and calls and any(a[1:2] == ("B",) for a in actions):
+        del actions[calls[0]]
+    elif kind == "late-twice" and len(calls) >= 2:
+        first = rng.randrange(len(calls) - 1)
+        for i in sorted(calls[first : first + 2], reverse=True):
+            actions.insert(i, ("delay", round(rng.uniform(1.05, 1.5) * T, 3)))
+    else:
+        return
+    script.divergences += {"late-twice": 2, "skip-first": 1}.get(kind, 0)  # each late call is one; a signal none
+    script.notes.append(f"{kind}: rank {r}")
 
 
 def _extra_fault(seed: int, script: Script) -> None:
@@ -713,6 +773,11 @@ def check(sim: Sim) -> list[str]:
             if e[0] == "verdict" and "M.py" not in e[2] and not e[3].go
         ]
     problems += _late_only(sim)
+    problems += [
+        f"a signal stretched rank {r}'s wait by {seconds:g} > one slice"
+        for r, seconds in sim.stretched.items()
+        if seconds > SLICE * T + 1e-9
+    ]
     problems += _store(sim)
     return problems
 
@@ -863,11 +928,26 @@ def _records(sim: Sim) -> list[str]:
         between = [m for m in emitted[at[0] : at[-1]] if m[:2] in ordered and m[:2] not in members]
         if between:
             problems.append(f"call {tag} went, but other records came out between its own: {between}")
+        steps = {m[3] for m in emitted if (m[0], m[1]) in members and m[3] is not None}
+        if len(steps) > 1 and _aligned(sim):
+            problems.append(f"call {tag} went, but its records are of steps {sorted(steps)}: the line shifted")
         out = max((i for i, e in enumerate(sim.events) if e[0] == "emit" and e[2][:2] in members), default=0)
         early = [e[1] for e in sim.events[:out] if e[0] == "turns" and e[2] == tag]
         if early:
             problems.append(f"call {tag} went, but rank(s) {early} returned before every record of it was out")
     return problems
+
+
+def _aligned(sim: Sim) -> bool:
+    """Whether every `go` call's records must be of one step: each step ends in a user collective, and the one
+    ambiguous case (docs/barrier-mode.md, rule 4) is not the schedule's: a first-round wait-for cycle with rank 0
+    alone at one call, where it may be rank 0 that skipped the other."""
+    collectives = all(any(a[0] == "collective" for a in acts) for acts in sim.script.actions.values())
+    alone = any(
+        e[0] == "verdict" and e[3].why == "cycle" and set(range(sim.script.n)) - set(e[3].missing) == {0}
+        for e in sim.events
+    )
+    return collectives and not alone
 
 
 # -- mutations: the protocol broken on purpose; each must be caught by some invariant ------------------
@@ -882,9 +962,8 @@ def _no_cycle(self: checkin.CheckIn, call: checkin.Call, markers: Any, missing: 
     return False  # both calls of a wait-for cycle time out: the every-rank one is given up too
 
 
-def _tie_to_the_highest(ours: Any, other: Any, history: Any, tie: tuple[int, int, bool]) -> bool:
-    here, there, rank0_here = tie
-    return here < there or (here == there and not rank0_here)
+def _rank_0_waits_on(ours: Any, other: Any, history: Any, rank0_here: bool) -> bool:
+    return not rank0_here  # the call rank 0 waits at wins every cycle: no history, and the other way round
 
 
 def _no_absent(self: checkin.Absence, markers: Any, here: str) -> dict[int, str]:
@@ -902,6 +981,16 @@ _INIT = checkin.CheckIn.__init__
 def _no_retire(self: checkin.CheckIn, *args: Any, **kwargs: Any) -> None:
     _INIT(self, *args, **kwargs)
     self.retired = _Forgetful()
+
+
+class _Unkept(dict):  # type: ignore[type-arg]
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+def _no_pass_by(self: checkin.CheckIn, *args: Any, **kwargs: Any) -> None:
+    _INIT(self, *args, **kwargs)
+    self.passed = _Unkept()  # a rank forgets the calls it passed by: its later calls there pair one call early
 
 
 class _Any:
@@ -974,11 +1063,13 @@ def _peek_after_timeout(self: checkin.CheckIn, key: str, deadline: float) -> boo
 MUTATIONS: dict[str, tuple[str, Any]] = {
     "set-not-compare-set": ("_decide", _set_not_compare_set),
     "no-cycle-rule": ("_won_cycle", _no_cycle),
-    "tie-to-the-highest-rank": ("GIVES_UP", _tie_to_the_highest),
+    "rank-0-waits-on": ("GIVES_UP", _rank_0_waits_on),
     "no-absent": ("absence:still", _no_absent),
     "absence-budget-three-quarters": ("ABSENCE_BUDGET", 0.75),
+    "no-last-wait": ("LAST_WAIT", 0.0),
     "no-retire": ("__init__", _no_retire),
     "retire-at-once": ("__init__", _retire_at_once),
+    "no-pass-by": ("__init__", _no_pass_by),
     "keep-old-verdicts": ("forget", _keep_old_verdicts),
     "no-handoff-wait": ("handoff:take", _turns(wait_before=False)),
     "no-final-wait": ("handoff:take", _turns(wait_last=False)),
@@ -1003,7 +1094,7 @@ def mutated(name: str) -> Any:
         return contextlib.nullcontext()
     if attribute == "GIVES_UP":
         return mock.patch.object(checkin, "gives_up", replacement)
-    if attribute == "ABSENCE_BUDGET":
+    if attribute in ("ABSENCE_BUDGET", "LAST_WAIT"):
         return mock.patch.object(checkin, attribute, replacement)
     if attribute == "LATE_WAIT":
         return mock.patch.object(handoff, attribute, replacement)

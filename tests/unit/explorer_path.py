@@ -129,6 +129,9 @@ class Client(explorer.Connection):
     def set_timeout(self, timeout: Any) -> None:
         pass
 
+    def _signalled(self, seconds: float) -> float:
+        return seconds  # no signals here
+
     def prefixed(self, prefix: str) -> Client:
         return Client(self.sim, prefix, self.base)
 

@@ -12,7 +12,7 @@ import pytest
 from explorer import MUTATIONS, SITES, Script, T, draw, explore, main, mutated, run
 
 from accelerate_inorder_fix import bounds
-from accelerate_inorder_fix.barrier import checkin
+from accelerate_inorder_fix.barrier import checkin, handoff
 
 
 SCHEDULES = 2000
@@ -35,7 +35,7 @@ def loop(n, steps, per_step, collective=True):
     actions = {r: [] for r in range(n)}
     for step in range(steps):
         for r in range(n):
-            actions[r] += [("call", site) for site in per_step]
+            actions[r] += [("call", site, step) for site in per_step]
             if collective:
                 actions[r].append(("collective", step))
     return Script(n, actions)
@@ -45,7 +45,7 @@ def drop(script, rank, step, site):
     """Rank `rank` does not make its call at `site` in step `step` (0-based)."""
     actions = script.actions[rank]
     starts = [0] + [i + 1 for i, a in enumerate(actions) if a[0] == "collective"]
-    index = next(i for i in range(starts[step], len(actions)) if actions[i] == ("call", site))
+    index = next(i for i in range(starts[step], len(actions)) if actions[i][:2] == ("call", site))
     del actions[index]
     script.divergences += 1
     return script
@@ -71,6 +71,9 @@ def test_the_schedules_cover_every_kind_of_divergence():
         "slow:",
         "fail-applied:",
         "die-applied:",
+        "late-twice:",
+        "skip-first:",
+        "signal:",
     )
     for kind in (*kinds, "main-only"):
         assert notes.count(kind) >= 20, kind
@@ -360,10 +363,55 @@ def test_a_main_only_call_costs_one_timeout_once_and_no_every_rank_call_is_given
     assert cycle and cycle[0].other.startswith("train_A")
 
 
-def test_a_cycle_with_no_history_and_a_tie_gives_up_the_call_rank_0_waits_at():
+def test_a_cycle_with_no_history_gives_up_the_call_rank_0_waits_at():
     a, b = checkin.Call("a", 1), checkin.Call("b", 1)
-    assert checkin.gives_up(a, b, {}, (1, 1, True)) and not checkin.gives_up(b, a, {}, (1, 1, False))
-    assert checkin.gives_up(a, b, {}, (1, 3, False)) and not checkin.gives_up(b, a, {}, (3, 1, True))
+    assert checkin.gives_up(a, b, {}, True) and not checkin.gives_up(b, a, {}, False)
+
+
+def steps_of(sim, tag):
+    """The steps of the records a call's turns put out."""
+    members = {(e[1], e[6]) for e in verdicts(sim) if e[2] == tag}
+    return {e[2][3] for e in sim.events if e[0] == "emit" and e[2][:2] in members}
+
+
+@pytest.mark.parametrize("n, skipper", [(4, 1), (4, 3), (3, 2)])
+def test_a_first_round_skip_by_a_rank_other_than_0_shifts_no_line_and_costs_one_call(n, skipper):
+    """A then B each step; a rank other than 0 skips A in step 0 (an empty eval batch). The first-round
+    cycle (the others at A/1, it at B/1) gives up the call rank 0 waits at, A/1, which counts as made by the skipper:
+    its step-1 call at A is A/2. Every later call of both lines goes, each block of one step (ddf0396: B/1 given up
+    and retired, A shifted by a step for good, 3 T of waiting)."""
+    script = drop(loop(n, 6, ["A", "B"]), rank=skipper, step=0, site="A")
+    sim, problems = run(script)
+    assert not problems, problems
+    given_up = {
+        e[2].rpartition("/")[0][-len("train_A.py:10:step") :] + "/" + e[2].rpartition("/")[2]
+        for e in verdicts(sim)
+        if not e[3].go
+    }
+    assert given_up == {"train_A.py:10:step/1"}, given_up
+    gone = {e[2] for e in verdicts(sim) if e[3].go}
+    assert len(gone) == 11 and all(len(steps_of(sim, tag)) == 1 for tag in gone)
+    assert max(waited(sim, r) for r in range(n)) <= bounds.DIVERGENCE.value * T + 1e-9
+
+
+@pytest.mark.parametrize("collective", [True, False])
+def test_a_first_round_cycle_with_rank_0_alone_is_taken_for_a_main_only_call(collective):
+    """The one ambiguous case (docs/barrier-mode.md, rule 4): rank 0 alone at one call, every other rank at another,
+    in the first round. Taken for a main-only call: rank 0's call is given up and its line retired (`MAIN_ONLY`).
+    Here it was rank 0 that skipped A in step 0: B is given up for good; A waits on and goes shifted by a step, or,
+    with a collective between steps, is given up at 2 T for good too; every record once, within `DIVERGENCE`."""
+    script = drop(loop(4, 4, ["A", "B"], collective), rank=0, step=0, site="A")
+    sim, problems = run(script)
+    assert not problems, problems
+    cycle = [e[3] for e in verdicts(sim, "B", 0) if e[3].why == "cycle"]
+    assert cycle and set(cycle[0].missing) == {1, 2, 3}
+    assert all(e[3].why == "retired" for e in verdicts(sim, "B") if not e[2].endswith("/1"))
+    a = verdicts(sim, "A", 1)
+    if collective:
+        assert a[0][3].why == "timeout" and all(e[3].why == "retired" for e in a[1:]), a
+    else:  # shifted: rank 0's step k + 1 in the others' step k block; the last call (rank 0 has none) given up
+        assert all(e[3].go and steps_of(sim, e[2]) == {i, i + 1} for i, e in enumerate(a[:-1])), a
+    assert max(waited(sim, r) for r in range(4)) <= bounds.DIVERGENCE.value * T + 1e-9
 
 
 def test_a_cycle_after_a_skipped_call_gives_up_the_call_skipped_by_the_site_order_of_the_last_round():
@@ -396,6 +444,22 @@ def test_two_calls_in_a_row_given_up_at_a_site_retire_it():
     assert all(e[3].why == "retired" for e in verdicts(sim) if e[2].endswith(("/4", "/5")))
     assert max(waited(sim, r) for r in range(3)) <= 1.5 * T + 1e-9
     assert len(sim.data) <= bounds.store_keys(3, 1), sorted(sim.data)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_go_read_late_by_a_cycles_winner_with_two_ranks_dead_in_their_turns_stays_within_the_call_bound(seed):
+    """Rank 0's main-only call M is given up; it then works 0.95 T before A, so the winners read A's `go` near 2 T.
+    Ranks 1 and 2 die in their turns: rank 3 waits T/4 (`handoff.LATE_WAIT`) for rank 2, finds the break at rank 1
+    and gives rank 2 T/4 more: 2.45 T, within `CALL` (a longer late wait, 0.5 T, makes it 2.95 T)."""
+    script = Script(
+        4, {0: [("call", "M"), ("delay", 0.95 * T), ("call", "A")], **{r: [("call", "A")] for r in (1, 2, 3)}}
+    )
+    script.die_in_turn.update({1: 1, 2: 1})
+    script.divergences = 3
+    sim, problems = run(script, seed)
+    assert not problems, problems
+    last = [e[4] - e[3] for e in sim.events if e[0] == "call" and e[1] == 3]
+    assert last == [pytest.approx((1.95 + 2 * handoff.LATE_WAIT) * T)]
 
 
 def test_a_go_call_costs_a_handful_of_store_operations_per_rank():

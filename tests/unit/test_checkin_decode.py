@@ -21,7 +21,7 @@ def alone(store):
 
 def first_verdict(side):
     """The verdict of the side's first call at SITE."""
-    return side.verdict(checkin.Call(checkin.site_name(SITE), 1), side.clock() + T, T)
+    return side.verdict(checkin.Call(checkin.site_name(SITE), 1), side.clock() + T, T)[1]
 
 
 def test_a_forged_deeply_nested_verdict_is_a_damaged_skip_not_a_recursion_error():
