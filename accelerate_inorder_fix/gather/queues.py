@@ -194,15 +194,13 @@ class Inbox:
                 taken.append((rank, None))
                 continue
             parts, first = split_head(head)
-            if isinstance(first, Refused):
-                taken.append((rank, first))
-            else:
+            if parts > 1:
                 keys = [record_key(rank, self.next[rank], i) for i in range(1, parts)]
-                if keys and not self.store.check(keys):
+                if not self.store.check(keys):
                     first = Refused(f"its record's head claims {parts} pieces and they are not all there")
-                elif keys:
+                else:
                     rest.append((len(taken), keys))
-                taken.append((rank, first))
+            taken.append((rank, first))
             self._advance(rank, parts)
         for place, pieces in self._rest(rest):
             rank, start = taken[place]
@@ -270,6 +268,8 @@ def split_head(head: bytes) -> tuple[int, Union[bytes, Refused]]:
     """`(keys, first piece)` of a record's head `b"<keys>\\n<first piece>"`, checked before anything is read on
     its word: `keys` in 1..MOST_PARTS, written as a post writes it, and the first piece `CHUNK` bytes when
     more follow, at most that otherwise. Anything else is `(1, Refused)`: the read moves past this one key."""
+    if head[:2] == b"1\n" and len(head) <= CHUNK + 2:  # one piece: most records
+        return 1, head[2:]
     end = head.find(b"\n", 0, len(str(MOST_PARTS)) + 1)
     count = head[:end] if end > 0 else b""
     parts = int(count) if count.isdigit() and count[:1] != b"0" else 0
