@@ -72,18 +72,12 @@ def capture(log: LogArgs, origin: Origin) -> Optional[logging.LogRecord]:
     if record is not None:
         text, tag = message(record), RANK_TAG.format(origin.rank)
         if type(record) is not logging.LogRecord:  # a factory's `getMessage` would render the text once more
-            record = _plain(record)
+            record = logging.LogRecord.__new__(logging.LogRecord)
+            record.__dict__.update(vars(this_call.record))
         if not (upstream_tags() and isinstance(record.msg, str) and record.msg.startswith(tag)):
             text = tag + text  # 1.13+: `process` wrote it (unless the adapter is not accelerate's)
         record.msg, record.args = (f"[{origin.hostname}] {text}" if origin.several_hosts else text), None
     return record
-
-
-def _plain(record: logging.LogRecord) -> logging.LogRecord:
-    """A `logging.LogRecord` with `record`'s attributes: its message, once rendered, is printed as it is."""
-    plain = logging.LogRecord.__new__(logging.LogRecord)
-    plain.__dict__.update(vars(record))
-    return plain
 
 
 def message(record: logging.LogRecord) -> str:
