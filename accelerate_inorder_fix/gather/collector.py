@@ -102,9 +102,7 @@ class Collector:
             if not waited:
                 break
             now, left = time.monotonic(), min([timeout, *(self.quiet[r] for r in self.quiet.keys() & waited)])
-            if self.inbox.wait(
-                waited, min(start + left, now + SLICE * timeout), timeout, time.monotonic
-            ):  # one store wait
+            if self.inbox.wait(waited, min(start + left, now + SLICE * timeout), timeout, time.monotonic):
                 self._route_all(self.inbox.take(waited), identity, block)
             else:
                 self._read_ahead(range(1, self.world_size), identity, block, QUEUE, True)
