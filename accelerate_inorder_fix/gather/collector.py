@@ -19,14 +19,13 @@ from .. import bounds
 from .._callsite import Identity, Site
 from .._diagnostics import COLLECTIVE, CallWarning, ranks_text, site_text, warn_every
 from ..config import SETTINGS, TIMEOUT_ENV
-from ..store.connection import SHORTEST_WAIT
+from ..store.connection import SHORTEST_WAIT, SLICE
 from . import collapse, records
 from .queues import QUEUE, Inbox, Refused, Taken
 
 
 Block = dict[int, Optional[logging.LogRecord]]  # one call's records by rank (None: the rank had none to print)
 Kept = tuple[Identity, str]  # a kept record's call, and the name of the thread that made it
-SLICE = 0.125  # x T: the longest wait before the main process reads ahead what the other ranks posted
 LATE_READS = 16  # records a rank taken past a call's deadline, at most
 
 
@@ -103,7 +102,7 @@ class Collector:
             if not waited:
                 break
             now, left = time.monotonic(), min([timeout, *(self.quiet[r] for r in self.quiet.keys() & waited)])
-            if self.inbox.wait(waited, min(start + left, now + SLICE * timeout) - now):
+            if self.inbox.wait(waited, min(start + left, now + SLICE * timeout), timeout, time.monotonic):
                 self._route_all(self.inbox.take(waited), identity, block)
             else:
                 self._read_ahead(range(1, self.world_size), identity, block, QUEUE, True)

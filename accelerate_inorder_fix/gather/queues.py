@@ -9,13 +9,11 @@ protocol, step by step: docs/gather-mode.md.
 
 from __future__ import annotations
 
-import datetime
 import time
-from typing import NamedTuple, Union
+from typing import Callable, NamedTuple, Union
 
 from .. import bounds
-from ..store.connection import SHORTEST_WAIT, Store, wait_until
-from ..store.errors import is_timeout
+from ..store.connection import Store, wait_until
 
 
 STORE_LIMIT = 8 * 1024 * 1024  # torch's TCPStore resets a connection whose request holds a longer value
@@ -45,19 +43,6 @@ def record_key(rank: int, n: int, part: int = 0) -> str:
 
 def ack_key(rank: int, j: int) -> str:
     return f"a/{rank}/{j}"
-
-
-def wait(store: Store, keys: list[str], seconds: float) -> bool:
-    """Whether every key in `keys` exists within `seconds` (the store's own wait; never raises on a timeout)."""
-    try:
-        if seconds < SHORTEST_WAIT:
-            return bool(store.check(keys))
-        store.wait(keys, datetime.timedelta(seconds=seconds))
-        return True
-    except Exception as exc:
-        if is_timeout(exc):
-            return False
-        raise
 
 
 def get_many(store: Store, keys: list[str]) -> list[bytes]:
@@ -174,9 +159,9 @@ class Inbox:
     def heads(self, ranks: list[int]) -> list[str]:
         return [record_key(r, self.next[r]) for r in ranks]
 
-    def wait(self, ranks: list[int], seconds: float) -> bool:
-        """Whether each rank in `ranks` has a next record within `seconds`."""
-        return wait(self.store, self.heads(ranks), seconds)
+    def wait(self, ranks: list[int], deadline: float, timeout: float, clock: Callable[[], float]) -> bool:
+        """Whether each rank in `ranks` has a next record by `deadline` on `clock` (`wait_until`, T `timeout`)."""
+        return wait_until(self.store, self.heads(ranks), deadline, timeout, clock)
 
     def present(self, ranks: list[int]) -> list[int]:
         """Those of `ranks` with a next record now (one check each: only when a wait ran out)."""
@@ -194,15 +179,13 @@ class Inbox:
                 taken.append((rank, None))
                 continue
             parts, first = split_head(head)
-            if isinstance(first, Refused):
-                taken.append((rank, first))
-            else:
+            if parts > 1:
                 keys = [record_key(rank, self.next[rank], i) for i in range(1, parts)]
-                if keys and not self.store.check(keys):
+                if not self.store.check(keys):
                     first = Refused(f"its record's head claims {parts} pieces and they are not all there")
-                elif keys:
+                else:
                     rest.append((len(taken), keys))
-                taken.append((rank, first))
+            taken.append((rank, first))
             self._advance(rank, parts)
         for place, pieces in self._rest(rest):
             rank, start = taken[place]
@@ -270,12 +253,15 @@ def split_head(head: bytes) -> tuple[int, Union[bytes, Refused]]:
     """`(keys, first piece)` of a record's head `b"<keys>\\n<first piece>"`, checked before anything is read on
     its word: `keys` in 1..MOST_PARTS, written as a post writes it, and the first piece `CHUNK` bytes when
     more follow, at most that otherwise. Anything else is `(1, Refused)`: the read moves past this one key."""
+    if head[:2] == b"1\n" and len(head) <= CHUNK + 2:  # one piece: most records
+        return 1, head[2:]
     end = head.find(b"\n", 0, len(str(MOST_PARTS)) + 1)
     count = head[:end] if end > 0 else b""
     parts = int(count) if count.isdigit() and count[:1] != b"0" else 0
     first = head[end + 1 :]
     if not 1 <= parts <= MOST_PARTS:
-        return 1, Refused(f"its record's head does not say how many keys it takes ({_shown(head)})")
+        shown = repr(head[:24]) + (f" and {len(head) - 24} bytes more" if len(head) > 24 else "")
+        return 1, Refused(f"its record's head does not say how many keys it takes ({shown})")
     if len(first) > CHUNK or (parts > 1 and len(first) != CHUNK):
         return 1, Refused(f"its record's head claims {parts} pieces with a first piece of {len(first)} bytes")
     return parts, first
@@ -289,7 +275,3 @@ def join(first: bytes, pieces: Union[list[bytes], Refused]) -> Union[bytes, Refu
     if any(size != CHUNK for size in sizes[:-1]) or not 0 < sizes[-1] <= CHUNK:
         return Refused(f"its record's pieces are not of the sizes a post writes ({max(sizes)} bytes at most)")
     return b"".join([first, *pieces])
-
-
-def _shown(head: bytes) -> str:
-    return repr(head[:24]) + (f" and {len(head) - 24} bytes more" if len(head) > 24 else "")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import operator
 import threading
 from typing import Any, Optional
 
@@ -32,10 +33,14 @@ MAX_RECORD = 4 * 1024 * 1024  # a record's bytes on the wire; past them it is cu
 SMALL = 256  # a value this short on the wire is never cut
 _NOT_SENT = frozenset({"args", "exc_info", "message"})  # the message and traceback travel rendered
 _RESERVED = frozenset(dir(logging.LogRecord))  # methods and dunders: never set from the wire
-_KINDS = {  # what the main process relies on, with the types it needs
-    "name": (str,), "levelno": (int,), "msg": (str,), "exc_text": (str, type(None)), "stack_info": (str, type(None)),
-    "args": (type(None),), "exc_info": (type(None),), "rank": (int,), "hostname": (str,),
+_IGNORED = _RESERVED | _BY_PLACE  # names in the object of others that a record never sends there
+_KINDS = {  # what the main process relies on, with the types it needs (the usual first)
+    "name": (str,), "msg": (str,), "levelno": (int,), "exc_text": (type(None), str), "stack_info": (type(None), str),
+    "rank": (int,), "hostname": (str,),
 }  # fmt: skip
+_CHECKED = operator.itemgetter(*map(FIELDS.index, _KINDS))
+_USUAL = tuple(kinds[0] for kinds in _KINDS.values())
+_RANK = FIELDS.index("rank")
 _PARSE = json.JSONDecoder().raw_decode  # `json.loads` without its look at the bytes' encoding: the wire is UTF-8
 _TRACEBACKS = logging.Formatter()
 
@@ -67,18 +72,12 @@ def capture(log: LogArgs, origin: Origin) -> Optional[logging.LogRecord]:
     if record is not None:
         text, tag = message(record), RANK_TAG.format(origin.rank)
         if type(record) is not logging.LogRecord:  # a factory's `getMessage` would render the text once more
-            record = _plain(record)
+            record = logging.LogRecord.__new__(logging.LogRecord)
+            record.__dict__.update(vars(this_call.record))
         if not (upstream_tags() and isinstance(record.msg, str) and record.msg.startswith(tag)):
             text = tag + text  # 1.13+: `process` wrote it (unless the adapter is not accelerate's)
         record.msg, record.args = (f"[{origin.hostname}] {text}" if origin.several_hosts else text), None
     return record
-
-
-def _plain(record: logging.LogRecord) -> logging.LogRecord:
-    """A `logging.LogRecord` with `record`'s attributes: its message, once rendered, is printed as it is."""
-    plain = logging.LogRecord.__new__(logging.LogRecord)
-    plain.__dict__.update(vars(record))
-    return plain
 
 
 def message(record: logging.LogRecord) -> str:
@@ -205,14 +204,8 @@ def size_text(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
 
 
-def decode(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecord]]:
-    """`read` without the thread."""
-    identity, record, _ = read(payload, rank)
-    return identity, record
-
-
 def read(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecord], str]:
-    """`(identity, record or None)` from `encode`'s bytes read from `rank`'s queue; `MalformedRecord` otherwise.
+    """`(identity, record or None, its thread's name)` from `encode`'s bytes read from `rank`'s queue; else `MalformedRecord`.
 
     Only JSON is parsed (UTF-8, lone surrogates passed, as `encode` writes it); the record must say it is `rank`'s, name its
     host, and hold what the main process relies on (name, level, message, traceback text) with their types.
@@ -225,33 +218,43 @@ def read(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecor
     except (ValueError, RecursionError, AttributeError) as exc:
         raise MalformedRecord(f"{len(payload)} bytes that are not JSON ({type(exc).__name__})") from None
     try:
-        version, site, count, values, others = document
+        version, (file, function, line), count, values, others = document
         if type(version) is not int or version != VERSION or type(count) is not int:
             raise ValueError("another version")
-        if tuple(map(type, site)) != (str, str, int):
+        if (type(file), type(function), type(line)) != (str, str, int):
             raise ValueError("its call site is not (file, function, line)")
     except (ValueError, TypeError) as exc:
         raise MalformedRecord(f"not a version-{VERSION} record of accelerate-inorder-fix ({exc})") from None
-    identity: Identity = ((site[0], site[1], site[2]), count)
+    if type(others) is not dict:
+        raise MalformedRecord("its record's other attributes are not an object")
     if values is None:
-        thread = others.get("threadName") if type(others) is dict else None
-        return identity, None, thread if type(thread) is str else ""
-    if type(values) is not list or len(values) != len(FIELDS) or type(others) is not dict:
+        thread = others.get("threadName")
+        return ((file, function, line), count), None, thread if type(thread) is str else ""
+    if type(values) is not list or len(values) != len(FIELDS):
         raise MalformedRecord(f"its record is not {len(FIELDS)} values and an object")
-    attributes = dict(zip(FIELDS, values))
+    kinds = tuple(map(type, _CHECKED(values)))
+    if kinds != _USUAL:
+        for key, kind in zip(_KINDS, kinds):
+            if kind not in _KINDS[key]:
+                raise MalformedRecord(f"its record's {key!r} is a {kind.__name__}")
+    if values[_RANK] != rank:
+        raise MalformedRecord(f"its record's 'rank' is {values[_RANK]}, not the rank of its queue")
+    attributes = dict(zip(FIELDS, values), args=None, exc_info=None)
     if others:
-        attributes.update({k: others[k] for k in others.keys() - _RESERVED})
-    for key, kinds in _KINDS.items():
-        if type(attributes.get(key)) not in kinds:
-            raise MalformedRecord(f"its record's {key!r} is not a {kinds[0].__name__}")
-    if attributes["rank"] != rank:
-        raise MalformedRecord(f"its record's 'rank' is {_repr(attributes['rank'])}, not the rank of its queue")
-    attributes["args"] = attributes["exc_info"] = None
+        if not _NOT_SENT.isdisjoint(others):
+            raise MalformedRecord("its record sends args or exc_info")
+        attributes.update({k: others[k] for k in others.keys() - _IGNORED})
     record = logging.LogRecord.__new__(logging.LogRecord)
     record.__dict__ = attributes
-    return identity, record, str(attributes.get("threadName", ""))
+    thread = attributes["threadName"]
+    return ((file, function, line), count), record, thread if type(thread) is str else ""
 
 
 def emit(record: logging.LogRecord) -> None:
     """Hand a record to the handlers of its logger here; its level was decided on its rank."""
-    logging.getLogger(None if record.name == "root" else record.name).callHandlers(record)
+    _logger(record.name).callHandlers(record)
+
+
+@functools.lru_cache(maxsize=256)
+def _logger(name: str) -> logging.Logger:
+    return logging.getLogger(None if name == "root" else name)

@@ -60,7 +60,7 @@ def to_bytes(identity, record):
 
 
 def from_bytes(payload, rank=0):
-    return records.decode(payload, rank)
+    return records.read(payload, rank)[:2]
 
 
 def _trip(record, identity=IDENTITY):
@@ -472,5 +472,5 @@ def test_a_factory_whose_getMessage_adds_a_suffix_prints_it_once(monkeypatch, ra
     adapter = SimpleNamespace(isEnabledFor=lambda level: True, process=lambda msg, kw: (msg, kw), logger=logger)
     record = records.capture(LogArgs(adapter, logging.INFO, "hi %s", ("there",), {}), Origin(rank, "h", False))
     if rank:  # through the store to the main process, rebuilt there
-        record = records.decode(records.encode(IDENTITY, record)[0], rank)[1]
+        record = records.read(records.encode(IDENTITY, record)[0], rank)[1]
     assert record.getMessage() == f"[RANK {rank}] hi there <ctx>"  # the suffix once, as upstream prints it

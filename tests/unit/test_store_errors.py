@@ -4,12 +4,12 @@ uses them), and on `testing.InMemoryStore`; and the two waits that read a timeou
 that so: a store that is gone raises, for their callers to say."""
 
 import datetime
+import time
 
 import pytest
 
 from accelerate_inorder_fix import testing
-from accelerate_inorder_fix.gather import queues
-from accelerate_inorder_fix.store.connection import wait_get
+from accelerate_inorder_fix.store.connection import wait_get, wait_until
 from accelerate_inorder_fix.store.errors import is_timeout
 
 
@@ -63,7 +63,7 @@ def test_the_in_memory_stores_timeout_is_one_and_other_errors_are_not():
 
 
 def test_the_waits_read_a_timeout_as_not_yet_and_raise_a_failure():
-    assert queues.wait(testing.InMemoryStore(), ["q/1/0"], 0.01) is False
+    assert wait_until(testing.InMemoryStore(), ["q/1/0"], time.monotonic() + 0.01, 0.01) is False
     assert wait_get(testing.InMemoryStore(), "mode", 0.01) is None
 
     class Gone(testing.InMemoryStore):
@@ -71,6 +71,6 @@ def test_the_waits_read_a_timeout_as_not_yet_and_raise_a_failure():
             raise dist.DistNetworkError("Connection was likely closed")
 
     with pytest.raises(dist.DistNetworkError):
-        queues.wait(Gone(), ["q/1/0"], 0.01)
+        wait_until(Gone(), ["q/1/0"], time.monotonic() + 0.01, 0.01)
     with pytest.raises(dist.DistNetworkError):
         wait_get(Gone(), "mode", 0.01)
