@@ -3,10 +3,11 @@
     torchrun --nproc_per_node 3 late_word.py
 
 The script binds `init_process_group` before the package is imported (so the package's start-up hook never
-sees the group start, and the main process writes its word at its first in_order call), then rank 0 does
-2.5 T of work of its own before a loop of `CALLS` in_order calls at one line. The other ranks' first two
-calls each wait T for the word and are logged at once. Records are `late_word#<call> r<rank>`; each rank prints
-`@@RESULT late_word r<rank> seconds=<its time in the loop>`, and after a checked `all_reduce`, `@@DONE`.
+sees the group start, and the main process writes its word at its first in_order call); the ranks meet at a
+`barrier`, then rank 0 does 2.5 T of work of its own before a loop of `CALLS` in_order calls at one line. The
+other ranks' first two calls each wait T for the word and are logged at once. Records are
+`late_word#<call> r<rank>`; after each call a rank prints `@@CALL late_word r<rank> c<call> began=<wall time>
+ended=<wall time>`, and after a checked `all_reduce`, `@@DONE`.
 """
 
 import logging
@@ -44,12 +45,13 @@ def main():
     log = get_logger("aif.word", log_level="INFO")
     timeout = float(os.environ["ACCELERATE_INORDER_TIMEOUT"])
     rank = state.process_index
+    dist.barrier()  # the ranks start together, so the main process's lateness is LATE T from everyone's start
     if rank == 0:
         time.sleep(LATE * timeout)  # the main process's own work (a checkpoint) before the line
-    start = time.monotonic()
     for call in range(1, CALLS + 1):
+        began = time.time()
         log.info(f"late_word#{call} r{rank}", main_process_only=False, in_order=True)
-    say(f"@@RESULT late_word r{rank} seconds={time.monotonic() - start:.3f}")
+        say(f"@@CALL late_word r{rank} c{call} began={began:.3f} ended={time.time():.3f}")
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)
     say(f"@@RESULT late_word r{rank} sum={value.item()}")
