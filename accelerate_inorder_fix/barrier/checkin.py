@@ -4,8 +4,9 @@ Each rank marks where it is (`w/<r>`), counts itself in at the call's site (`add
 written with `compare_set(key, "", verdict)` so the first value wins for everyone: `go` (only a rank that
 counted all N arrivals writes it) or a skip naming the missing ranks (any rank at its deadline; a wait-for
 cycle of two calls gives one up by a rule every rank computes alike, and it counts as made by the ranks at the
-other; ranks named absent are waited for from one budget only). A skip costs its call, two in a row the site;
-a call some rank skips costs each rank at most 2 T in all. The whole story: docs/barrier-mode.md.
+other, unless that was given up too with none of this call's ranks come to it; ranks named absent are waited
+for from one budget only). A skip costs its call, two in a row the site; a call some rank skips costs each
+rank at most 2 T in all. The whole story: docs/barrier-mode.md.
 """
 
 from __future__ import annotations
@@ -221,11 +222,18 @@ class CheckIn:
             if verdict.why in (Why.TIMEOUT, Why.ABSENT):  # naming nobody: every rank was here, one stopped in it
                 named = verdict.missing or dict.fromkeys(range(self.world_size), call.marker)
                 self.absence.name({q: m for q, m in named.items() if q != self.rank}, timeout)
-            if not cycle or self.rank not in missing or call.site in self.retired:
+            if not cycle or self.rank not in missing or call.site in self.retired or self._behind(verdict):
                 return call, verdict
             self.passed[call.site] = self.passed.get(call.site, 0) + 1
             call = Call(call.site, call.k + 1)
             self.history[call.site] = (call.k, *self.history[call.site][1:])
+
+    def _behind(self, verdict: Verdict) -> bool:
+        """Whether the other call of a cycle this rank won was given up with none of the ranks here come to it:
+        then no rank is known to be ahead, and this rank is late to this call, not past it."""
+        other = Call.parse(verdict.other)
+        here = set(range(self.world_size)) - set(verdict.missing)
+        return other is not None and self.skipped.get(other.site) == other.k and here <= self.missed[other.site]
 
     def retire(self, call: Call) -> None:
         """Give `call`'s site up on this rank: its later calls are logged at once. After two calls in a row given up,
