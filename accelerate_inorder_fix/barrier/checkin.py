@@ -1,11 +1,10 @@
 """Barrier mode's check-in: every rank agrees through the job's store whether one call's turns run.
 
 Each rank marks where it is (`w/<r>`), counts itself in at the call's site (`add`), and reads one verdict,
-written with `compare_set(key, "", verdict)` so the first value wins for everyone: `go` (only a rank that
-counted all N arrivals writes it) or a skip naming the missing ranks (any rank at its deadline; a wait-for
-cycle of two calls gives one up by a rule every rank computes alike, and it counts as made by the ranks at the
-other; ranks named absent are waited for from one budget only). A skip costs its call, two in a row the site;
-a call some rank skips costs each rank at most 2 T in all. The whole story: docs/barrier-mode.md.
+written with `compare_set(key, "", verdict)` so the first value wins: `go` (written by the rank that counted all
+N arrivals) or a skip naming the missing ranks (any rank at its deadline, or a wait-for cycle's rule). A skip
+costs its call, two in a row the site; a call some rank skips costs each rank at most 2 T in all. The rules:
+docs/barrier-mode.md.
 """
 
 from __future__ import annotations
@@ -79,15 +78,8 @@ class Why(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """What every rank does with one call.
-
-    Attributes:
-        go: True: the turns run. False: each rank emits at once.
-        why (`Why`): for a skip, what decided it.
-        decider: the rank that wrote the skip (-1: not known).
-        missing: {rank: the call it was at}, for the ranks not in the call.
-        other: for `Why.CYCLE`, the call the missing ranks were waiting at.
-    """
+    """What every rank does with one call: `go` (the turns run) or a skip (each rank emits at once), `why`, by whom
+    (`decider`, -1: not known), the `missing` ranks {rank: the call it was at}, and the `other` call of a cycle."""
 
     go: bool
     why: Why = Why.NONE
@@ -140,9 +132,7 @@ class Absence:
 
     def spend(self, seconds: float) -> None:
         with self._lock:
-            self.budget = max(0.0, self.budget - seconds)
-            if self.budget < SHORTEST_WAIT:
-                self.budget = 0.0
+            self.budget = self.budget - seconds if self.budget - seconds >= SHORTEST_WAIT else 0.0
 
     def still(self, markers: dict[int, str], here: str) -> dict[int, str]:
         """The named ranks still where they were named (and not at `here`); the others are back."""
@@ -221,11 +211,22 @@ class CheckIn:
             if verdict.why in (Why.TIMEOUT, Why.ABSENT):  # naming nobody: every rank was here, one stopped in it
                 named = verdict.missing or dict.fromkeys(range(self.world_size), call.marker)
                 self.absence.name({q: m for q, m in named.items() if q != self.rank}, timeout)
-            if not cycle or self.rank not in missing or call.site in self.retired:
+            if not cycle or self.rank not in missing or call.site in self.retired or self._behind(verdict):
                 return call, verdict
             self.passed[call.site] = self.passed.get(call.site, 0) + 1
             call = Call(call.site, call.k + 1)
             self.history[call.site] = (call.k, *self.history[call.site][1:])
+
+    def _behind(self, verdict: Verdict) -> bool:
+        """Whether the other call of a cycle this rank won was given up with none of the ranks here come to it:
+        then no rank is known to be ahead, and this rank is late to this call, not past it."""
+        other = Call.parse(verdict.other)
+        here = set(range(self.world_size)) - set(verdict.missing)
+        return (
+            other is not None
+            and self.skipped.get(other.site) == other.k
+            and here <= self.missed.get(other.site, set())
+        )
 
     def retire(self, call: Call) -> None:
         """Give `call`'s site up on this rank: its later calls are logged at once. After two calls in a row given up,
@@ -289,13 +290,10 @@ class CheckIn:
     def _held_up(self, call: Call, missing: dict[int, str]) -> Optional[Call]:
         """The one other call every missing rank is at, when it went and its turns wait for this rank (whose log
         handler made this call in its turn): they passed this line by, as in a wait-for cycle. None otherwise."""
-        others = set(missing.values())
-        other = Call.parse(others.pop()) if len(others) == 1 else None
-        if other is None or other.site == call.site or not self.store.check([other.key]):
+        other = self._other(call, missing)
+        if other is None or not self.store.check([other.key]) or peek(self.store, other.key) != GO:
             return None
-        return (
-            other if peek(self.store, other.key) == GO and not self.store.check([other.handoff(self.rank)]) else None
-        )
+        return None if self.store.check([other.handoff(self.rank)]) else other
 
     def _absent(self, call: Call) -> dict[int, str]:
         """The ranks this call waits for from the absence budget only: those named missing and not back, and, at
@@ -314,12 +312,14 @@ class CheckIn:
 
         A call given up here is written now (`gives_up`).
         """
-        others = set(missing.values())
-        other = Call.parse(others.pop()) if len(others) == 1 else None
-        if other is None or other.site == call.site:
+        other = self._other(call, missing)
+        if other is None:
             return False
-        if not self._undecided(other):  # given up for this call already: its ranks are on their way
-            return self._given_up_for(other, call)
+        blob = peek(self.store, other.counter) or b""
+        if not blob.isdigit() or int(blob) >= other.k * self.world_size or self.store.check([other.key]):
+            # decided: given up for this call already, its ranks on their way (a missing key's peek wakes its waiters)
+            verdict = Verdict.decode(peek(self.store, other.key) or b"") if self.store.check([other.key]) else RETIRED
+            return verdict.why is Why.CYCLE and verdict.other == call.marker
         with self._lock:
             history = dict(self.history)
         if gives_up(call, other, history, 0 not in missing):
@@ -329,16 +329,12 @@ class CheckIn:
         self._give_up(other, Why.CYCLE, ours, call)
         return True
 
-    def _given_up_for(self, other: Call, call: Call) -> bool:
-        blob = peek(self.store, other.key) if self.store.check([other.key]) else None  # a peek of a missing
-        # key would wake its waiters
-        verdict = Verdict.decode(blob) if blob is not None else None
-        return verdict is not None and verdict.why is Why.CYCLE and verdict.other == call.marker
-
-    def _undecided(self, call: Call) -> bool:
-        blob = peek(self.store, call.counter) or b""
-        count = int(blob) if blob.isdigit() else -1
-        return 0 <= count < call.k * self.world_size and not self.store.check([call.key])
+    @staticmethod
+    def _other(call: Call, missing: dict[int, str]) -> Optional[Call]:
+        """The one other call (another site's) every missing rank is at; None otherwise."""
+        others = set(missing.values())
+        other = Call.parse(others.pop()) if len(others) == 1 else None
+        return other if other is not None and other.site != call.site else None
 
     def _give_up(self, call: Call, why: Why, missing: dict[int, str], other: Optional[Call] = None) -> bytes:
         return self._decide(call, Verdict(False, why, self.rank, missing, other.marker if other else "").encode())

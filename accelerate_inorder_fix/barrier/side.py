@@ -61,8 +61,8 @@ class BarrierSide:
                 emit_at_once(call)
 
     def logged_before_the_word(self, counts: Mapping[Site, int]) -> None:
-        """Give up in the store the calls this rank logged at once before the main process's word came, and count
-        them at their sites: the main process's own calls there then pair with this rank's (never raises).
+        """Give up (`Why.WORD`) and count at their sites the calls this rank logged at once before the main process's
+        word came, so that the main process's own calls there pair with them (never raises).
 
         Args:
             counts: {site: this rank's calls there so far}, each logged at once.
@@ -91,8 +91,7 @@ _WHAT = {
 
 
 def host_gone(side: CheckIn) -> str:
-    """Of a store that failed under a rank other than 0: its host, when rank 0 hosts it (its records, and every
-    later call's, come out at once on each rank: no order survives without a store)."""
+    """Of a store that failed under a rank other than 0: its host, when rank 0 hosts it."""
     if side.rank == 0 or not hosted_by_rank0(side.store):
         return ""
     return " (rank 0, the host of the job's store, died or left, or its server closed the connection; each rank's records come out at once from now)"

@@ -326,6 +326,28 @@ def test_a_handler_that_logs_in_order_in_its_turn_hangs_nothing_and_loses_no_rec
     assert not problems, problems
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_handlers_call_that_wins_a_cycle_and_is_given_up_leaves_the_next_line_ordered(n):
+    """Explorer seed 67767: only rank n-2's handler logs (site H, inside A/1's turn; it came a little late to A/1). The
+    others leave A/1's turns at T and wait at B/1: a first-round cycle, which B/1 (rank 0's) loses. H waits on and is
+    given up with none of B/1's ranks come to it, so rank n-2 did not pass B/1 by: it comes to B/1 late, reads its
+    verdict at once, and B/2 on go in rank order; it waits 2 T in all (155b018: it took B/2 for B/1, waited T/2
+    more for the ranks absent at B/1, and line B was retired on every rank)."""
+    script = loop(n, 3, ["A", "B"])
+    late = n - 2
+    script.actions[late].insert(0, ("delay", 0.05 * T))
+    script.nested_at, script.divergences = 1, 1
+    script.disabled = {(r, 1) for r in range(n) if r != late}
+    sim, problems = run(script)
+    assert not problems, problems
+    cycle = [e for e in verdicts(sim, "B") if e[3].why == "cycle"]
+    assert len(cycle) == n and all(e[2].endswith("/1") for e in cycle), cycle
+    assert [e[5] - e[4] for e in cycle if e[1] == late] == [0.0]
+    gone = [e for e in verdicts(sim, "B") if not e[2].endswith("/1")]
+    assert len(gone) == 2 * n and all(e[3].go and len(steps_of(sim, e[2])) == 1 for e in gone), gone
+    assert waited(sim, late) == pytest.approx(bounds.DIVERGENCE.value * T)
+
+
 @pytest.mark.parametrize("seed", [7, 1017850])
 def test_a_schedule_is_a_pure_function_of_its_seed(seed):
     first, again = explore(seed)[0], explore(seed)[0]
