@@ -1,7 +1,7 @@
 """One in_order call, as the wrapper makes it: what the user logged, where from, and its bounds.
 
 The wrapper makes one `InOrderCall` per in_order call; the session numbers it at its site and hands it to
-its mode's side (`barrier.side.BarrierSide.call`, `gather.side.GatherSide.call`), or logs it here at once
+its mode's side (`barrier.side.BarrierSide.call`, `gather.collector.GatherSide.call`), or logs it here at once
 (`emit_at_once`). Every record is built the same way (`log_for_this_call`): through the user's own adapter
 and logger, with a filter that sees only this call's record (`ThisCall`).
 """

@@ -14,7 +14,7 @@ emits its record in its turn.
   (or, on a single process or a process that is not a rank, logs it at once). Barrier mode
   (`barrier.side.BarrierSide.call`) checks the call in through the job's store; when every rank has
   made it, the ranks take turns handed over through the store (no collective); when some rank has not
-  within the timeout, each rank emits at once. Gather mode (`gather.side.GatherSide.call`) sends the
+  within the timeout, each rank emits at once. Gather mode (`gather.collector.GatherSide.call`) sends the
   record to the main process, which prints every rank's.
 """
 

@@ -3,7 +3,7 @@
 One call: the wrapper makes an `_call.InOrderCall` and hands it to `InOrderSession.call`, which logs it at
 once on a process that is not a rank of the job's default process group (a child forked while that group
 existed: a DataLoader worker), or else numbers it at its site and hands it to its mode's side, opened
-once per process group (`barrier.side.BarrierSide`, `gather.side.GatherSide`). A session lives as long as
+once per process group (`barrier.side.BarrierSide`, `gather.collector.GatherSide`). A session lives as long as
 its process group: `destroy_process_group()` ends it (gather mode's keys deleted), the next group opens a new one
 under a key prefix of its own. The mode is fixed once per job: the main process writes its word (mode
 and prefix) when its process group starts (a hook on `init_process_group`; else at its first in_order
@@ -29,7 +29,7 @@ from ._origin import Origin
 from .barrier.side import BarrierSide
 from .barrier.turns import PlainBarriers
 from .config import COLLAPSE_ENV, MODE_ENV, MODES, SETTINGS, TIMEOUT_ENV, Settings, spans_hosts, speaks_for_host
-from .gather.side import GatherSide
+from .gather.collector import GatherSide
 from .store import connection, teardown
 from .store.connection import Connection
 from .store.hooks import TorchHook

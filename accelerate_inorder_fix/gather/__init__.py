@@ -1,6 +1,6 @@
 """Gather mode: each rank's in_order record goes through the job's c10d store to the main process.
 
-`side` is this process's part (post, or collect and emit); `collector` the main process's blocks;
-`queues` the ranks' queues in the store; `records` a record on the wire; `collapse` identical records
-as one line. The protocol: docs/gather-mode.md.
+`collector` is this process's part (a rank's post; the main process's blocks); `queues` the ranks'
+queues in the store; `records` a record on the wire; `collapse` identical records as one line. The
+protocol: docs/gather-mode.md.
 """

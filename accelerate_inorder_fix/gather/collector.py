@@ -1,6 +1,9 @@
-"""The main process's side of gather mode: each in_order call's block, taken from the queues and emitted in rank order.
+"""This process's gather-mode side: a rank posts its record and returns; the main process emits every rank's in order.
 
-A call is named by its identity (site, count at the site), computed by every rank alone. For its own
+A rank builds its record with its own logger (`records.capture`) and posts it, or an empty marker so the
+main process need not wait for it, to its queue (`queues.Outbox`); a record that cannot reach the main
+process (its queue full past the timeout, the main process gone) is printed by its own rank, said. A call
+is named by its identity (site, count at the site), computed by every rank alone. For its own
 call the main process waits once for every rank's next record and reads them in batches; a record of
 another call goes where it belongs (kept for a call to come, or emitted at once if that call's block is
 out). While it waits for a slow rank it keeps reading and acknowledging the others. Who is waited for,
@@ -16,12 +19,13 @@ from collections.abc import Sequence
 from typing import Optional, Union
 
 from .. import bounds
+from .._call import InOrderCall
 from .._callsite import Identity, Site
-from .._diagnostics import COLLECTIVE, CallWarning, ranks_text, site_text, warn_every
+from .._diagnostics import COLLECTIVE, CallWarning, ranks_text, site_text, warn_every, warn_once
 from ..config import SETTINGS, TIMEOUT_ENV
-from ..store.connection import SHORTEST_WAIT, SLICE
+from ..store.connection import SHORTEST_WAIT, SLICE, Store
 from . import collapse, records
-from .queues import QUEUE, Inbox, Refused, Taken
+from .queues import QUEUE, Inbox, Outbox, Refused, Taken
 
 
 Block = dict[int, Optional[logging.LogRecord]]  # one call's records by rank (None: the rank had none to print)
@@ -31,6 +35,11 @@ LATE_READS = 16  # records a rank taken past a call's deadline, at most
 
 def describe(identity: Identity) -> str:
     return f"{site_text(identity[0])} (call {identity[1]} from there)"
+
+
+def _say(where: str, ranks: tuple[int, ...], event: str, cost: Optional[float], done: str, rule: str = "") -> None:
+    """Say what happened at an in_order call (`CallWarning`), rate-limited (`warn_every`)."""
+    warn_every(CallWarning(where, ranks, event, cost, done, rule))
 
 
 class Collector:
@@ -60,15 +69,8 @@ class Collector:
         try:
             self._collect(identity, block, start, timeout)
         except Exception as exc:  # the store went away: what was collected still goes out
-            warn_every(
-                CallWarning(
-                    describe(identity),
-                    (),
-                    f"the main process could not read the other ranks' records ({exc!r})",
-                    None,
-                    "what was collected is printed, in rank order",
-                )
-            )
+            what = f"the main process could not read the other ranks' records ({exc!r})"
+            _say(describe(identity), (), what, None, "what was collected is printed, in rank order")
         site = identity[0]
         self.made[site] = max(identity[1], self.made.get(site, 0))
         self.pending.pop(identity, None)
@@ -126,24 +128,18 @@ class Collector:
             if payload is not None:
                 self._route(rank, payload, current, block)
 
-    def _route(self, rank: int, payload: Union[bytes, Refused], current: Optional[Identity], block: Block) -> None:
+    def _route(self, rank: int, payload: Union[bytes, Refused], current: Identity, block: Block) -> None:
         """File one record of `rank`: into `block` if it is of `current`, emitted if late, else kept for its call."""
         self.heard.add(rank)
         try:
             if isinstance(payload, Refused):
-                raise records.MalformedRecord(payload.reason)
+                raise records.MalformedRecord(payload)
             identity, record, thread = records.read(payload, rank)
         except records.MalformedRecord as exc:
-            where = describe(current) if current else ""
-            counted = current is not None and rank not in block  # in the place of its record of this call
-            if counted:
-                block[rank] = None  # its empty record of the call: not waited for, not said absent
-            done = (
-                f"it was ignored and counted as rank {rank}'s empty record of this call"
-                if counted
-                else "it was ignored"
-            )
-            warn_every(CallWarning(where, (rank,), f"sent something that is not an in_order record ({exc})", 0, done))
+            done = f" and counted as rank {rank}'s empty record of this call" if rank not in block else ""
+            block.setdefault(rank, None)  # in the place of its record of this call: not waited for, not said absent
+            what = f"sent something that is not an in_order record ({exc})"
+            _say(describe(current), (rank,), what, 0, f"it was ignored{done}")
             return
         site = identity[0]
         if identity == current:
@@ -209,16 +205,9 @@ class Collector:
                 self.pending.pop(identity, None)
             if identity[0] not in self.others_only:
                 self.others_only.add(identity[0])
-                warn_every(
-                    CallWarning(
-                        site_text(identity[0]),
-                        tuple(ranks),
-                        "made it and the main process went past it (it made a call they made after it)",
-                        0,
-                        "their records from there are printed on their own, once the main process makes a call they made after them",
-                        COLLECTIVE,
-                    )
-                )
+                what = "made it and the main process went past it (it made a call they made after it)"
+                done = "their records from there are printed on their own, once the main process makes a call they made after them"
+                _say(site_text(identity[0]), tuple(ranks), what, 0, done, COLLECTIVE)
 
     def _emit_block(self, block: Block, identity: Identity) -> None:
         """Emit a block in rank order; with collapse on, identical records once, each with its `ranks`."""
@@ -232,15 +221,8 @@ class Collector:
             try:  # a handler that raises loses only this record, said
                 records.emit(record)
             except Exception as exc:
-                warn_every(
-                    CallWarning(
-                        describe(identity),
-                        (rank,),
-                        f"'s record reached only the main process's handlers before the one that raised ({exc!r})",
-                        0,
-                        "the block's other records are not affected",
-                    )
-                )
+                what = f"'s record reached only the main process's handlers before the one that raised ({exc!r})"
+                _say(describe(identity), (rank,), what, 0, "the block's other records are not affected")
 
     def flush(self) -> None:
         """At exit: seal every queue, taking what was posted before, and emit every record delivered but not emitted."""
@@ -273,3 +255,124 @@ def absence_warning(identity: Identity, missing: list[int], block: Block, timeou
         f"{done}; a record of theirs that arrives later is printed on its own",
         COLLECTIVE,
     )
+
+
+def _capture(call: InOrderCall) -> Optional[logging.LogRecord]:
+    """`records.capture`, or None when building the record raises (said each time): the call still counts."""
+    try:
+        return records.capture(call.log, call.origin)
+    except Exception as exc:
+        done = "the record is lost; the call still counts on every rank"
+        where = describe(call.identity) if call.count else ""
+        _say(where, (call.origin.rank,), f"'s record could not be built ({exc!r})", 0, done)
+        return None
+
+
+def print_here(record: Optional[logging.LogRecord], rank: int) -> None:
+    """This process's own handlers, for a record that cannot reach the main process; a handler that raises is said."""
+    if record is None:
+        return
+    if SETTINGS.collapse():
+        record.ranks = [rank]
+    try:
+        records.emit(record)
+    except Exception as exc:
+        where = f"{record.filename}:{record.lineno} in {record.funcName}"
+        what = f"'s record, printed on its own rank, reached only the handlers before the one that raised ({exc!r})"
+        _say(where, (rank,), what, 0, "the handlers after it did not get the record")
+
+
+class GatherSide:
+    """The main process's collector, or a rank's outbox, on the job's store.
+
+    Args:
+        store: this process's connection to the job's store, prefixed for this session.
+        rank, world_size: this process's place in the job.
+    """
+
+    def __init__(self, store: Store, rank: int, world_size: int) -> None:
+        self._lock = threading.RLock()  # one call at a time; a handler may log in_order from inside one
+        self._rank = rank
+        self._store = store
+        self._collector = Collector(Inbox(store, world_size), world_size) if rank == 0 else None
+        self._outbox = None if rank == 0 else Outbox(store, rank)
+        self._behind = False  # a full queue waited T in vain, and no ack has come since
+
+    def call(self, call: InOrderCall) -> None:
+        """One in_order call: its block collected and emitted (main), or its record posted (a rank). Never raises."""
+        record = _capture(call)
+        with self._lock:
+            if self._rank != 0:
+                self._post(call, record)
+            elif self._collector is None:  # after `close`: nobody is left to collect
+                print_here(record, 0)
+            else:
+                try:
+                    self._collector.emit_call(call.identity, record, call.timeout)
+                except Exception as exc:  # not expected: the collector handles the store and the handlers
+                    warn_once(f"gather mode could not collect the other ranks' records: {exc!r}")
+
+    def _post(self, call: InOrderCall, record: Optional[logging.LogRecord]) -> None:
+        outbox = self._outbox
+        if outbox is None:  # the main process has finished (said once), or this rank's session closed
+            print_here(record, self._rank)
+            return
+        try:
+            payload, size = records.encode(call.identity, record)
+            if size > len(payload):
+                what = f"'s record is {records.size_text(size)} as sent, over gather mode's limit of {records.size_text(records.MAX_RECORD)}"
+                done = "it was truncated to fit (marked '... [truncated ...]') and sent"
+                _say(describe(call.identity), (self._rank,), what, 0, done)
+            if outbox.full and not self._make_room(outbox, call):
+                print_here(record, self._rank)
+                return
+            if self._send(outbox, payload):
+                return
+            warn_once("the main process has finished; this rank prints its own in_order records from now on")
+        except Exception as exc:  # undeliverable: printed here rather than lost
+            warn_once(f"gather mode could not send a record to the main process, printing it on this rank: {exc!r}")
+        self._outbox = None
+        print_here(record, self._rank)
+
+    def _send(self, outbox: Outbox, payload: bytes) -> bool:
+        """`outbox.post`; if it raises, once more on a fresh client of this thread (its head's `compare_set`
+        says whether the first landed: docs/gather-mode.md); if that fails too, the first error stands."""
+        try:
+            return outbox.post(payload)
+        except Exception as exc:
+            fresh = getattr(self._store, "fresh", None)
+            if fresh is None:
+                raise
+            try:
+                fresh()
+                outbox.store = self._store  # this thread's new client from now on
+                delivered = outbox.post(payload)
+            except Exception:
+                raise exc from None  # the post's own error says why the record is printed here
+            warn_once(f"gather mode's store connection failed during a post ({exc!r}); a fresh connection settled it")
+            return delivered
+
+    def _make_room(self, outbox: Outbox, call: InOrderCall) -> bool:
+        """Wait for the main process's next ack, at most T once a stall (`GATHER_FULL`); False: print the record here."""
+        if outbox.learn(0.0 if self._behind else call.timeout):
+            self._behind = False
+            return True
+        if not self._behind:
+            what = f"holds {outbox.bound} records in the store that the main process has not read, and it read none within {call.timeout:g} s (ACCELERATE_INORDER_TIMEOUT)"
+            done = "this rank prints its records itself, out of order, without waiting, until the main process reads again"
+            _say(describe(call.identity), (self._rank,), what, call.timeout, done)
+        self._behind = True
+        return False
+
+    def close(self) -> None:
+        """At exit (idempotent, never raises): the main process seals the queues and emits what was delivered; a
+        rank closes its queue. Each deletes the keys it is last to need; no thread is left."""
+        with self._lock:
+            collector, outbox, self._collector, self._outbox = self._collector, self._outbox, None, None
+            try:
+                if collector is not None:
+                    collector.flush()
+                if outbox is not None:
+                    outbox.close()
+            except Exception as exc:  # the store is gone at exit: its keys went with it
+                warn_once(f"gather mode could not close its queues in the store at exit: {exc!r}")

@@ -10,7 +10,7 @@ protocol, step by step: docs/gather-mode.md.
 from __future__ import annotations
 
 import time
-from typing import Callable, NamedTuple, Union
+from typing import Callable, Union
 
 from .. import bounds
 from ..store.connection import Store, wait_until
@@ -27,11 +27,9 @@ SEALED = b"\x00sealed"  # written by the main process at its exit where a rank's
 CLOSED = b"\x00closed"  # written by a rank at its exit where its next record would go
 
 
-class Refused(NamedTuple):
-    """What the main process read in place of a rank's record, and why it is none: a head no post writes, or
-    pieces missing or of the wrong size. It costs that rank's record; the read moves past it."""
-
-    reason: str
+class Refused(str):
+    """Why what the main process read in place of a rank's record is none: a head no post writes, or pieces
+    missing or of the wrong size. It costs that rank's record; the read moves past it."""
 
 
 Taken = list[tuple[int, Union[bytes, Refused, None]]]  # (rank, its record's bytes; None: its queue closed)
@@ -70,10 +68,6 @@ def delete(store: Store, keys: list[str]) -> None:
     """Delete `keys` (missing ones too: no store's answer to that is relied on)."""
     for key in keys:
         store.delete_key(key)
-
-
-def record_keys(rank: int, n: int, parts: int) -> list[str]:
-    return [record_key(rank, n, part) for part in range(parts)]
 
 
 class Outbox:
@@ -129,7 +123,7 @@ class Outbox:
 
     def _clean(self, below: int) -> None:
         for n in range(self.cleaned, below):
-            delete(self.store, record_keys(self.rank, n, self.parts.pop(n, 1)))
+            delete(self.store, [record_key(self.rank, n, part) for part in range(self.parts.pop(n, 1))])
             self.cleaned = n + 1
 
     def close(self) -> None:
@@ -153,11 +147,11 @@ class Inbox:
         self.next = [0] * world_size  # the next record to read, per rank
         self.acked = [0] * world_size  # the mark of the last ack written, per rank
         self.acks = [0] * world_size  # acks written, per rank
-        self.parts: list[dict[int, int]] = [{} for _ in range(world_size)]  # the last QUEUE records read
+        self.big: list[dict[int, int]] = [{} for _ in range(world_size)]  # keys of records over CHUNK read lately
         self.ended: set[int] = set()  # ranks whose queue is closed or sealed
 
     def heads(self, ranks: list[int]) -> list[str]:
-        return [record_key(r, self.next[r]) for r in ranks]
+        return list(map(record_key, ranks, map(self.next.__getitem__, ranks)))
 
     def wait(self, ranks: list[int], deadline: float, timeout: float, clock: Callable[[], float]) -> bool:
         """Whether each rank in `ranks` has a next record by `deadline` on `clock` (`wait_until`, T `timeout`)."""
@@ -174,19 +168,25 @@ class Inbox:
         taken: Taken = []
         rest: list[tuple[int, list[str]]] = []  # (place in `taken`, keys of the rest of a record over CHUNK)
         for rank, head in zip(ranks, get_many(self.store, self.heads(ranks))):
+            n = self.next[rank]
             if head == CLOSED:
                 self._end(rank)
                 taken.append((rank, None))
                 continue
+            self.next[rank] = n + 1
+            if head[:2] == b"1\n" and len(head) <= CHUNK + 2:  # one piece: most records
+                taken.append((rank, head[2:]))
+                continue
             parts, first = split_head(head)
             if parts > 1:
-                keys = [record_key(rank, self.next[rank], i) for i in range(1, parts)]
+                big = self.big[rank] = {k: v for k, v in self.big[rank].items() if k > n - QUEUE}
+                big[n] = parts
+                keys = [record_key(rank, n, i) for i in range(1, parts)]
                 if not self.store.check(keys):
                     first = Refused(f"its record's head claims {parts} pieces and they are not all there")
                 else:
                     rest.append((len(taken), keys))
             taken.append((rank, first))
-            self._advance(rank, parts)
         for place, pieces in self._rest(rest):
             rank, start = taken[place]
             taken[place] = (rank, join(start, pieces))  # type: ignore[arg-type]
@@ -205,12 +205,6 @@ class Inbox:
                 except Exception as exc:
                     found.append((place, Refused(f"its record's pieces could not be read ({exc!r})")))
             return found
-
-    def _advance(self, rank: int, parts: int) -> None:
-        held = self.parts[rank]
-        held[self.next[rank]] = parts
-        held.pop(self.next[rank] - QUEUE, None)
-        self.next[rank] += 1
 
     def ack(self) -> None:
         """Acknowledge, in one request, each rank read `ACK_EVERY` records further since its last ack."""
@@ -241,20 +235,19 @@ class Inbox:
         self._delete_read(rank)
 
     def _delete_read(self, rank: int) -> None:
-        keys = [k for n, parts in self.parts[rank].items() for k in record_keys(rank, n, parts)]
+        read = range(max(0, self.next[rank] - QUEUE), self.next[rank])  # the last QUEUE records read
+        keys = [record_key(rank, n, part) for n in read for part in range(self.big[rank].get(n, 1))]
         delete(
             self.store,
             keys + [ack_key(rank, j) for j in range(max(1, self.acks[rank] - ACK_KEYS), self.acks[rank] + 1)],
         )
-        self.parts[rank].clear()
+        self.big[rank].clear()
 
 
 def split_head(head: bytes) -> tuple[int, Union[bytes, Refused]]:
     """`(keys, first piece)` of a record's head `b"<keys>\\n<first piece>"`, checked before anything is read on
     its word: `keys` in 1..MOST_PARTS, written as a post writes it, and the first piece `CHUNK` bytes when
     more follow, at most that otherwise. Anything else is `(1, Refused)`: the read moves past this one key."""
-    if head[:2] == b"1\n" and len(head) <= CHUNK + 2:  # one piece: most records
-        return 1, head[2:]
     end = head.find(b"\n", 0, len(str(MOST_PARTS)) + 1)
     count = head[:end] if end > 0 else b""
     parts = int(count) if count.isdigit() and count[:1] != b"0" else 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import json.scanner
 import logging
 import operator
 import threading
@@ -41,7 +42,7 @@ _KINDS = {  # what the main process relies on, with the types it needs (the usua
 _CHECKED = operator.itemgetter(*map(FIELDS.index, _KINDS))
 _USUAL = tuple(kinds[0] for kinds in _KINDS.values())
 _RANK = FIELDS.index("rank")
-_PARSE = json.JSONDecoder().raw_decode  # `json.loads` without its look at the bytes' encoding: the wire is UTF-8
+_PARSE = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # `json.loads`'s own scanner, bare
 _TRACEBACKS = logging.Formatter()
 
 
@@ -212,10 +213,10 @@ def read(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecor
     """
     try:
         text = payload.decode("utf-8", "surrogatepass")
-        document, end = _PARSE(text)
+        document, end = _PARSE(text, 0)
         if end != len(text):
             raise ValueError("more after it")
-    except (ValueError, RecursionError, AttributeError) as exc:
+    except (ValueError, RecursionError, AttributeError, StopIteration) as exc:
         raise MalformedRecord(f"{len(payload)} bytes that are not JSON ({type(exc).__name__})") from None
     try:
         version, (file, function, line), count, values, others = document

@@ -51,7 +51,6 @@ from accelerate_inorder_fix.barrier.side import BarrierSide  # noqa: E402
 from accelerate_inorder_fix.config import Settings  # noqa: E402
 from accelerate_inorder_fix.gather import collector as collector_module  # noqa: E402
 from accelerate_inorder_fix.gather import queues  # noqa: E402
-from accelerate_inorder_fix.gather import side as gather_side  # noqa: E402
 from accelerate_inorder_fix.store.connection import PREFIX, Connection  # noqa: E402
 
 
@@ -275,7 +274,7 @@ class Actor:
         start = sim.now
         session.call(self, self.process.settings, call)
         side = session.current_side
-        path = {BarrierSide: "barrier", gather_side.GatherSide: "gather"}.get(type(side), "once")
+        path = {BarrierSide: "barrier", collector_module.GatherSide: "gather"}.get(type(side), "once")
         if path != "once":
             self.process.opened = min(self.process.opened, sim.now)
         sim.calls.append((self.actor, letter, path, start, sim.now))
@@ -432,12 +431,15 @@ def run(path: PathScript, seed: int = 0) -> tuple[PathSim, list[str]]:
     handler = Handler(sim)
     logger.addHandler(handler)
     locks = SimpleNamespace(
-        Lock=lambda: SimLock(sim, reentrant=False), RLock=lambda: SimLock(sim), get_ident=threading.get_ident
+        Lock=lambda: SimLock(sim, reentrant=False),
+        RLock=lambda: SimLock(sim),
+        get_ident=threading.get_ident,
+        current_thread=threading.current_thread,
     )
     with ExitStack() as stack:
         patch = functools.partial(_patch, stack)
         patch(session_module, "threading", locks)
-        patch(gather_side, "threading", locks)
+        patch(collector_module, "threading", locks)
         patch(session_module, "BarrierSide", functools.partial(BarrierSide, clock=sim.clock))
         patch(collector_module, "time", SimpleNamespace(monotonic=sim.clock))
         patch(session_module, "atexit", SimpleNamespace(register=lambda f: f, unregister=lambda f: None))
@@ -605,7 +607,7 @@ def _setting_taken(self: session_module.InOrderSession, state: Any, settings: An
         self._group = None  # the next call opens a session in the new mode
 
 
-def _no_fresh_retry(self: gather_side.GatherSide, outbox: queues.Outbox, payload: bytes) -> bool:
+def _no_fresh_retry(self: collector_module.GatherSide, outbox: queues.Outbox, payload: bytes) -> bool:
     return outbox.post(payload)
 
 
@@ -651,7 +653,7 @@ MUTATIONS: dict[str, tuple[Any, str, Any]] = {
     "late-setting-taken": (session_module.InOrderSession, "_check_setting", _setting_taken),
     "word-not-waited": (session_module.InOrderSession, "_word", _word_not_waited),
     "call-at-once-not-numbered": (session_module.InOrderSession, "call", _uncounted),
-    "fresh-retry-removed": (gather_side.GatherSide, "_send", _no_fresh_retry),
+    "fresh-retry-removed": (collector_module.GatherSide, "_send", _no_fresh_retry),
     "quiet-rank-waited-in-full": (collector_module.Collector, "_missed", _quiet_forgotten),
     "block-in-reverse": (collector_module.Collector, "_emit_block", _emit_reversed),
     "exit-without-seal": (queues.Inbox, "seal", lambda self, rank: []),

@@ -15,7 +15,7 @@ from accelerate_inorder_fix._origin import Origin
 from accelerate_inorder_fix.barrier.side import BarrierSide
 from accelerate_inorder_fix.barrier.turns import PlainBarriers
 from accelerate_inorder_fix.config import Settings
-from accelerate_inorder_fix.gather.side import GatherSide
+from accelerate_inorder_fix.gather.collector import GatherSide
 from accelerate_inorder_fix.session import WORD_KEY, InOrderSession
 from accelerate_inorder_fix.store.connection import Connection
 from accelerate_inorder_fix.testing import InMemoryStore
