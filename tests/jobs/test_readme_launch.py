@@ -65,13 +65,14 @@ def test_readme_quick_start_has_a_cpu_launch_line_for_each_launcher():
     assert {"accelerate launch" if "accelerate launch" in line else "torchrun" for line in lines} == set(LAUNCHERS)
 
 
-def _run(line, tmp_path):
+def _run(line, tmp_path, **extra):
     assignments, cmd = as_two_rank_command(line, _launch.free_port())
     env = {k: v for k, v in os.environ.items() if k not in ("ACCELERATE_USE_CPU", "CUDA_VISIBLE_DEVICES")}
     env.update(assignments)
     env["HF_HOME"] = str(tmp_path / "hf")  # no accelerate config file of this machine's user
     env["PYTHONPATH"] = os.pathsep.join([accelerate_dir(LATEST), str(REPO)])
     env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
     return _launch.run(cmd, env=env, timeout=BOUND + 60, stall=60)
 
 
@@ -87,8 +88,12 @@ def test_each_readme_cpu_launch_line_starts_two_ranks_of_one_job(line, tmp_path)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, a plain Accelerator() is a DDP job")
 def test_without_use_cpu_torchrun_starts_one_process_runs(tmp_path):
-    """What README warns about: the torchrun line without `ACCELERATE_USE_CPU=1`, exit 0, two runs of one rank."""
+    """What README warns about: the torchrun line without `ACCELERATE_USE_CPU=1`, exit 0, two runs of one rank.
+
+    Each such run still joins torch's two-rank group (accelerate calls `init_process_group` with no backend when
+    `LOCAL_RANK` is set): a rank done with its one-process run could close its gloo pair while the other was still
+    connecting (CI, once: exit 1 in `init_process_group`). `TORCH_DIST_INIT_BARRIER=1` keeps it until both are in."""
     (torchrun,) = [line for line in quick_start_launch_lines() if "torchrun " in line]
-    job = _run(torchrun.replace("ACCELERATE_USE_CPU=1 ", ""), tmp_path)
+    job = _run(torchrun.replace("ACCELERATE_USE_CPU=1 ", ""), tmp_path, TORCH_DIST_INIT_BARRIER="1")
     assert job.killed is None and job.returncode == 0, (job, job.stderr[-3000:])
     assert sorted(m.groups() for m in map(SEEN.match, job.lines) if m) == [("0", "1", "NO")] * 2, job.lines
