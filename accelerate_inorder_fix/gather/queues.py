@@ -49,7 +49,7 @@ def get_many(store: Store, keys: list[str]) -> list[bytes]:
         return [bytes(store.get(key)) for key in keys]
     values: list[bytes] = []
     for start in range(0, len(keys), PER_REQUEST):
-        values += [bytes(v) for v in store.multi_get(keys[start : start + PER_REQUEST])]
+        values += store.multi_get(keys[start : start + PER_REQUEST])  # bytes already (torch's and the fakes')
     return values
 
 

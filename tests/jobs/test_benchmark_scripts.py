@@ -80,6 +80,13 @@ def test_bench_records_prints_a_row_per_record_kind(tmp_path):
     assert len(rows) == 1 + len(results) >= 2, job.lines  # the header, then one row per kind
 
 
+def test_bench_read_prints_each_piece_of_a_records_cost_and_its_split_floor_rebuilds_the_same_record():
+    job = _run("bench_read.py", "--records", "50", "--rounds", "1")  # it asserts the two decodings agree
+    rows = _table(job.lines, "| per record")
+    assert [row[0] for row in rows[:3]] == ["read", "parse", "split"] and len(rows) == 6, job.lines
+    assert all(float(row[1]) > 0 for row in rows), rows
+
+
 def test_bench_call_cpu_prints_both_figures_of_the_package_it_measured():
     job = _run("bench_call_cpu.py")
     figures = json.loads(job.lines[-1])
