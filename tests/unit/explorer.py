@@ -471,6 +471,10 @@ class Connection:
     def get(self, key: str) -> bytes:
         return bytes(self._op("get", key, until=self.sim.now + CONNECTION_TIMEOUT))
 
+    def get_within(self, key: str, seconds: float) -> bytes:
+        """`get` on a client whose timeout is `seconds` (`store.connection.Connection.get_within`): one request."""
+        return bytes(self._op("get", key, until=self.sim.now + self._signalled(seconds)))
+
     def delete_key(self, key: str) -> bool:
         return bool(self._op("delete_key", key))
 
@@ -1049,6 +1053,15 @@ def _wait_without_deadline(self: checkin.CheckIn, key: str, deadline: float) -> 
     return True
 
 
+def _read_without_deadline(self: checkin.CheckIn, key: str, deadline: float) -> Optional[bytes]:
+    self.store.wait([key], datetime.timedelta(seconds=CONNECTION_TIMEOUT * 4))
+    return bytes(self.store.get(key))
+
+
+def _peek_after_read_timeout(self: checkin.CheckIn, key: str, deadline: float) -> Optional[bytes]:
+    return checkin.peek(self.store, key) if not _peek_after_timeout(self, key, deadline) else self.store.get(key)
+
+
 def _peek_after_timeout(self: checkin.CheckIn, key: str, deadline: float) -> bool:
     remaining = deadline - self.clock()
     if remaining >= checkin.SHORTEST_WAIT:
@@ -1078,6 +1091,8 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "emit-twice": ("side:emit_at_once", _emit_twice),
     "wait-without-deadline": ("wait_for", _wait_without_deadline),
     "peek-after-timeout": ("wait_for", _peek_after_timeout),
+    "read-without-deadline": ("read", _read_without_deadline),
+    "peek-after-read-timeout": ("read", _peek_after_read_timeout),
     "wall-clock": ("WALL", None),
 }
 
