@@ -243,8 +243,7 @@ class CheckIn:
         return call.k - (2 if self.skipped.get(call.site) == call.k - 1 else 1)
 
     def forget(self, call: Call) -> None:
-        """After a `go` call's turns, the last rank (no wait after its turn) deletes the verdicts since the site's last
-        `go` (every rank left them)."""
+        """After a `go` call's turns, the last rank deletes the verdicts since the site's last `go` (all left them)."""
         if self.rank == self.world_size - 1:
             for k in range(max(self.previous(call), 1), call.k):
                 self.store.delete_key(Call(call.site, k).key)
@@ -267,9 +266,8 @@ class CheckIn:
             absent = self._absent(call)
             until = min(end, self.clock() + self.absence.budget) if absent else end
             began = self.clock()
-            blob = self.read(call.key, until)  # one request: nothing here peeks a verdict key that may be missing
-            if blob:
-                return blob
+            if blob := read_until(self.store, call.key, until, timeout, self.clock):  # in one request, sliced
+                return blob  # (nothing here peeks a verdict key that may be missing)
             if absent:
                 self.absence.spend(self.clock() - began)
                 absent = self._absent(call)
@@ -356,7 +354,3 @@ class CheckIn:
     def wait_for(self, key: str, deadline: float) -> bool:
         """Whether `key` is in the store by `deadline` (`connection.wait_until`: in slices no signal stretches)."""
         return wait_until(self.store, [key], deadline, self.timeout, self.clock)
-
-    def read(self, key: str, deadline: float) -> Optional[bytes]:
-        """`key`'s value once it is in the store by `deadline` (`connection.read_until`, sliced alike); None: not."""
-        return read_until(self.store, key, deadline, self.timeout, self.clock)

@@ -1053,13 +1053,20 @@ def _wait_without_deadline(self: checkin.CheckIn, key: str, deadline: float) -> 
     return True
 
 
-def _read_without_deadline(self: checkin.CheckIn, key: str, deadline: float) -> Optional[bytes]:
-    self.store.wait([key], datetime.timedelta(seconds=CONNECTION_TIMEOUT * 4))
-    return bytes(self.store.get(key))
+def _read_without_deadline(store: Any, key: str, deadline: float, timeout: float, clock: Any) -> Optional[bytes]:
+    store.wait([key], datetime.timedelta(seconds=CONNECTION_TIMEOUT * 4))
+    return bytes(store.get(key))
 
 
-def _peek_after_read_timeout(self: checkin.CheckIn, key: str, deadline: float) -> Optional[bytes]:
-    return checkin.peek(self.store, key) if not _peek_after_timeout(self, key, deadline) else self.store.get(key)
+def _peek_after_read_timeout(store: Any, key: str, deadline: float, timeout: float, clock: Any) -> Optional[bytes]:
+    remaining = deadline - clock()
+    if remaining >= checkin.SHORTEST_WAIT:
+        try:
+            store.wait([key], datetime.timedelta(seconds=remaining))
+            return bytes(store.get(key))
+        except StoreTimeout:
+            pass
+    return checkin.peek(store, key)  # wakes the key's other waiters, though it is not there
 
 
 def _peek_after_timeout(self: checkin.CheckIn, key: str, deadline: float) -> bool:
@@ -1091,8 +1098,8 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "emit-twice": ("side:emit_at_once", _emit_twice),
     "wait-without-deadline": ("wait_for", _wait_without_deadline),
     "peek-after-timeout": ("wait_for", _peek_after_timeout),
-    "read-without-deadline": ("read", _read_without_deadline),
-    "peek-after-read-timeout": ("read", _peek_after_read_timeout),
+    "read-without-deadline": ("read_until", _read_without_deadline),
+    "peek-after-read-timeout": ("read_until", _peek_after_read_timeout),
     "wall-clock": ("WALL", None),
 }
 
@@ -1109,7 +1116,7 @@ def mutated(name: str) -> Any:
         return contextlib.nullcontext()
     if attribute == "GIVES_UP":
         return mock.patch.object(checkin, "gives_up", replacement)
-    if attribute in ("ABSENCE_BUDGET", "LAST_WAIT"):
+    if attribute in ("ABSENCE_BUDGET", "LAST_WAIT", "read_until"):
         return mock.patch.object(checkin, attribute, replacement)
     if attribute == "LATE_WAIT":
         return mock.patch.object(handoff, attribute, replacement)
