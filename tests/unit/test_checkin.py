@@ -487,7 +487,7 @@ def test_a_go_read_late_by_a_cycles_winner_with_two_ranks_dead_in_their_turns_st
 @pytest.mark.parametrize("n", [2, 4, 8])
 @pytest.mark.parametrize("seed", range(3))
 def test_a_go_call_costs_rank_0_six_store_requests_and_every_other_rank_seven(n, seed):
-    """Per rank and call, counted at the store: marker, count, the verdict read in one request (`CheckIn.read`),
+    """Per rank and call, counted at the store: marker, count, the verdict read in one request (`connection.read_until`),
     hand over, wait for the last rank, delete its key of the call before: 6 on rank 0 (the go's writer writes it
     instead of reading it); the wait for the rank before adds one on every other rank, and the last rank, which
     does not wait for itself, deletes the verdict of the call before instead (`CheckIn.forget`)."""
