@@ -588,7 +588,7 @@ class WatchedSide(side.BarrierSide):
         super().__init__(*args, **kwargs)
         self.rank = rank
         verdict, take, first_missing = self.checkin.verdict, self.turns.take, self.turns._first_missing
-        named_at: list[int] = [0]
+        named_at: dict[int, int] = {}  # rank named -> the tick at which this rank first found it missing
 
         def watched_verdict(
             call: checkin.Call, deadline: float, timeout: float
@@ -606,18 +606,29 @@ class WatchedSide(side.BarrierSide):
 
         def watched_first_missing(call: checkin.Call, ranks: range) -> Optional[int]:
             missing = first_missing(call, ranks)
-            named_at[0] = rank.sim.tick  # the store operations run before this rank named one
+            if missing is not None:  # the store operations run before this rank named it (a later naming of
+                named_at.setdefault(missing, rank.sim.tick)  # another rank, after its turn, moves nothing)
             return missing
 
         def watched_take(call: checkin.Call, deadline: float, timeout: float, emit: Any) -> Optional[int]:
             begin, tag, named = rank.sim.now, call.marker, None
-            named_at[0] = 0
+            named_at.clear()
             rank.in_turns = True
             try:
                 named = take(call, deadline, timeout, emit)
             finally:
                 rank.in_turns = False
-                event = ("turns", rank.rank, tag, begin, rank.sim.now, named, deadline, rank.number[tag], named_at[0])
+                event = (
+                    "turns",
+                    rank.rank,
+                    tag,
+                    begin,
+                    rank.sim.now,
+                    named,
+                    deadline,
+                    rank.number[tag],
+                    named_at.get(named, 0) if named is not None else 0,
+                )
                 rank.sim.events.append(event)
             return named
 
