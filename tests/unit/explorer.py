@@ -588,7 +588,7 @@ class WatchedSide(side.BarrierSide):
         super().__init__(*args, **kwargs)
         self.rank = rank
         verdict, take, first_missing = self.checkin.verdict, self.turns.take, self.turns._first_missing
-        named_at: dict[int, int] = {}  # rank named -> the tick at which this rank first found it missing
+        named_at: dict[tuple[str, int], int] = {}  # (call, rank named): the tick this rank first found it missing
 
         def watched_verdict(
             call: checkin.Call, deadline: float, timeout: float
@@ -607,12 +607,11 @@ class WatchedSide(side.BarrierSide):
         def watched_first_missing(call: checkin.Call, ranks: range) -> Optional[int]:
             missing = first_missing(call, ranks)
             if missing is not None:  # the store operations run before this rank named it (a later naming of
-                named_at.setdefault(missing, rank.sim.tick)  # another rank, after its turn, moves nothing)
+                named_at.setdefault((call.marker, missing), rank.sim.tick)  # another, or in a nested call: not)
             return missing
 
         def watched_take(call: checkin.Call, deadline: float, timeout: float, emit: Any) -> Optional[int]:
             begin, tag, named = rank.sim.now, call.marker, None
-            named_at.clear()
             rank.in_turns = True
             try:
                 named = take(call, deadline, timeout, emit)
@@ -627,7 +626,7 @@ class WatchedSide(side.BarrierSide):
                     named,
                     deadline,
                     rank.number[tag],
-                    named_at.get(named, 0) if named is not None else 0,
+                    named_at.get((tag, named), 0) if named is not None else 0,
                 )
                 rank.sim.events.append(event)
             return named

@@ -498,9 +498,11 @@ def test_a_go_call_costs_rank_0_six_store_requests_and_every_other_rank_seven(n,
     assert all(sim.ops[r] <= 7 * calls for r in range(1, n)), sim.ops
 
 
-def test_explorer_seed_38264_a_junked_handoff_with_nested_calls_names_no_rank_that_handed_over():
-    """Explorer seed 38264 (the 200,000-schedule run on this branch, 2026-12-07): junk lands in rank 0's handoff at
-    A/2 while every rank's handler logs in_order at H; rank 2 names rank 1, which had handed over. Passes on main
-    99f7eab (whose requests give the seed another schedule); fails here: this branch is not merged until it passes."""
-    _, failures = explore(38264)
+def test_a_rank_named_before_its_turn_is_judged_at_that_naming_not_at_a_later_one_after_it():
+    """Explorer seed 38264: junk lands in rank 0's handoff at A/2 while every rank's handler logs in_order at H; rank 2
+    names rank 1 at its deadline, then rank 3 after its own turn, by which time rank 1 had handed over. The checker
+    judges the naming at the first (it once took the last `_first_missing` of the turns, and failed the seed)."""
+    sim, failures = explore(38264)
     assert failures == []
+    named = [e for e in sim.events if e[0] == "turns" and e[1] == 2 and e[5] == 1]
+    assert named and sim.handed["h/train_A.py:10:step/2/1"] > named[0][8]
