@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .._callsite import Site
-from ..store.connection import SHORTEST_WAIT, Store, peek, wait_until
+from ..store.connection import SHORTEST_WAIT, Store, peek, read_until, wait_until
 
 
 GO = b"go"
@@ -243,8 +243,8 @@ class CheckIn:
         return call.k - (2 if self.skipped.get(call.site) == call.k - 1 else 1)
 
     def forget(self, call: Call) -> None:
-        """After a `go` call's turns, rank 0 deletes the verdicts since the site's last `go` (every rank left them)."""
-        if self.rank == 0:
+        """After a `go` call's turns, the last rank deletes the verdicts since the site's last `go` (all left them)."""
+        if self.rank == self.world_size - 1:
             for k in range(max(self.previous(call), 1), call.k):
                 self.store.delete_key(Call(call.site, k).key)
 
@@ -266,8 +266,8 @@ class CheckIn:
             absent = self._absent(call)
             until = min(end, self.clock() + self.absence.budget) if absent else end
             began = self.clock()
-            if self.wait_for(call.key, until):  # a write: nothing here peeks a key that may be missing
-                return bytes(self.store.get(call.key))
+            if blob := read_until(self.store, call.key, until, timeout, self.clock):  # in one request, sliced
+                return blob  # (nothing here peeks a verdict key that may be missing)
             if absent:
                 self.absence.spend(self.clock() - began)
                 absent = self._absent(call)

@@ -62,8 +62,7 @@ class Turns:
 
     def _first_missing(self, call: Call, ranks: range) -> Optional[int]:
         """The first of `ranks` whose handoff is not in the store (None: all came, just now)."""
-        store = self.checkin.store
-        return next((q for q in ranks if not store.check([call.handoff(q)])), None)
+        return next((q for q in ranks if not self.checkin.store.check([call.handoff(q)])), None)
 
     def _say_broken(self, call: Call, named: int, timeout: float) -> None:
         then = "took its turn and handed over" if self.rank > named else "returned"

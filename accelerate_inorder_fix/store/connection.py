@@ -53,8 +53,22 @@ class Connection:
         the store's server is gone (a TCPStore client would try to reconnect for the process group's, 30 minutes)."""
         mine = getattr(self._local, "store", None)
         if mine is None:
-            mine = self._local.store = _prefixed(_clone(self.store, self.timeout) or self.store, self.prefix)
+            self._local.client = _clone(self.store, self.timeout)
+            mine = self._local.store = _prefixed(self._local.client or self.store, self.prefix)
         return mine
+
+    def get_within(self, key: str, seconds: float) -> bytes:
+        """`get` of `key` waiting at most `seconds` for it, one request (a timeout raises as `wait`'s does): on this
+        thread's own client, its timeout set for the call (client-side); on a shared one, a `wait` and a `get`."""
+        mine, client = self.own(), self._local.client
+        if client is None:  # the job's own client: its timeout is the process group's
+            mine.wait([key], datetime.timedelta(seconds=seconds))
+            return bytes(mine.get(key))
+        client.set_timeout(datetime.timedelta(seconds=seconds))
+        try:
+            return bytes(mine.get(key))
+        finally:
+            client.set_timeout(datetime.timedelta(seconds=self.timeout + 5.0))
 
     def fresh(self) -> Store:
         """This thread's client made anew, for a thread whose own failed (a failed TCPStore client stays failed)."""
@@ -143,6 +157,26 @@ def wait_until(
         try:
             store.wait(keys, datetime.timedelta(seconds=min(left, max(timeout * SLICE, SHORTEST_WAIT))))
             return True
+        except Exception as exc:
+            if not is_timeout(exc):
+                raise
+
+
+def read_until(
+    store: Store, key: str, deadline: float, timeout: float, clock: Callable[[], float] = time.monotonic
+) -> Optional[bytes]:
+    """The value of `key` once it is in the store by `deadline` (None: it did not come), sliced as `wait_until`:
+    one request while it comes within a slice (`Connection.get_within`; a store without it: a `wait`, a `get`).
+    b"": a write woke the wait and the key was gone by the read. Raises what the store raises but a timeout."""
+    within = getattr(store, "get_within", None)
+    if within is None:
+        return bytes(store.get(key)) if wait_until(store, [key], deadline, timeout, clock) else None
+    while True:
+        left = deadline - clock()
+        if left < SHORTEST_WAIT:
+            return bytes(store.get(key)) if store.check([key]) else None
+        try:
+            return bytes(within(key, min(left, max(timeout * SLICE, SHORTEST_WAIT))))
         except Exception as exc:
             if not is_timeout(exc):
                 raise

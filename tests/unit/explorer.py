@@ -471,6 +471,10 @@ class Connection:
     def get(self, key: str) -> bytes:
         return bytes(self._op("get", key, until=self.sim.now + CONNECTION_TIMEOUT))
 
+    def get_within(self, key: str, seconds: float) -> bytes:
+        """`get` on a client whose timeout is `seconds` (`store.connection.Connection.get_within`): one request."""
+        return bytes(self._op("get", key, until=self.sim.now + self._signalled(seconds)))
+
     def delete_key(self, key: str) -> bool:
         return bool(self._op("delete_key", key))
 
@@ -584,7 +588,7 @@ class WatchedSide(side.BarrierSide):
         super().__init__(*args, **kwargs)
         self.rank = rank
         verdict, take, first_missing = self.checkin.verdict, self.turns.take, self.turns._first_missing
-        named_at: list[int] = [0]
+        named_at: dict[tuple[str, int], int] = {}  # (call, rank named): the tick this rank first found it missing
 
         def watched_verdict(
             call: checkin.Call, deadline: float, timeout: float
@@ -602,18 +606,28 @@ class WatchedSide(side.BarrierSide):
 
         def watched_first_missing(call: checkin.Call, ranks: range) -> Optional[int]:
             missing = first_missing(call, ranks)
-            named_at[0] = rank.sim.tick  # the store operations run before this rank named one
+            if missing is not None:  # the store operations run before this rank named it (a later naming of
+                named_at.setdefault((call.marker, missing), rank.sim.tick)  # another, or in a nested call: not)
             return missing
 
         def watched_take(call: checkin.Call, deadline: float, timeout: float, emit: Any) -> Optional[int]:
             begin, tag, named = rank.sim.now, call.marker, None
-            named_at[0] = 0
             rank.in_turns = True
             try:
                 named = take(call, deadline, timeout, emit)
             finally:
                 rank.in_turns = False
-                event = ("turns", rank.rank, tag, begin, rank.sim.now, named, deadline, rank.number[tag], named_at[0])
+                event = (
+                    "turns",
+                    rank.rank,
+                    tag,
+                    begin,
+                    rank.sim.now,
+                    named,
+                    deadline,
+                    rank.number[tag],
+                    named_at.get((tag, named), 0) if named is not None else 0,
+                )
                 rank.sim.events.append(event)
             return named
 
@@ -1049,6 +1063,22 @@ def _wait_without_deadline(self: checkin.CheckIn, key: str, deadline: float) -> 
     return True
 
 
+def _read_without_deadline(store: Any, key: str, deadline: float, timeout: float, clock: Any) -> Optional[bytes]:
+    store.wait([key], datetime.timedelta(seconds=CONNECTION_TIMEOUT * 4))
+    return bytes(store.get(key))
+
+
+def _peek_after_read_timeout(store: Any, key: str, deadline: float, timeout: float, clock: Any) -> Optional[bytes]:
+    remaining = deadline - clock()
+    if remaining >= checkin.SHORTEST_WAIT:
+        try:
+            store.wait([key], datetime.timedelta(seconds=remaining))
+            return bytes(store.get(key))
+        except StoreTimeout:
+            pass
+    return checkin.peek(store, key)  # wakes the key's other waiters, though it is not there
+
+
 def _peek_after_timeout(self: checkin.CheckIn, key: str, deadline: float) -> bool:
     remaining = deadline - self.clock()
     if remaining >= checkin.SHORTEST_WAIT:
@@ -1078,6 +1108,8 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "emit-twice": ("side:emit_at_once", _emit_twice),
     "wait-without-deadline": ("wait_for", _wait_without_deadline),
     "peek-after-timeout": ("wait_for", _peek_after_timeout),
+    "read-without-deadline": ("read_until", _read_without_deadline),
+    "peek-after-read-timeout": ("read_until", _peek_after_read_timeout),
     "wall-clock": ("WALL", None),
 }
 
@@ -1094,7 +1126,7 @@ def mutated(name: str) -> Any:
         return contextlib.nullcontext()
     if attribute == "GIVES_UP":
         return mock.patch.object(checkin, "gives_up", replacement)
-    if attribute in ("ABSENCE_BUDGET", "LAST_WAIT"):
+    if attribute in ("ABSENCE_BUDGET", "LAST_WAIT", "read_until"):
         return mock.patch.object(checkin, attribute, replacement)
     if attribute == "LATE_WAIT":
         return mock.patch.object(handoff, attribute, replacement)

@@ -124,9 +124,13 @@ class Client(explorer.Connection):
 
     def __init__(self, sim: PathSim, prefix: str = "", base: Optional[Client] = None) -> None:
         self.sim, self.prefix, self.base, self.broken = sim, prefix, base or self, False
+        self.timeout = explorer.CONNECTION_TIMEOUT  # what a `get` waits for a missing key (`set_timeout`)
 
     def set_timeout(self, timeout: Any) -> None:
-        pass
+        self.base.timeout = timeout.total_seconds()
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._op("get", key, until=self.sim.now + self.base.timeout))
 
     def _signalled(self, seconds: float) -> float:
         return seconds  # no signals here

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from accelerate_inorder_fix import testing
-from accelerate_inorder_fix.store.connection import wait_get, wait_until
+from accelerate_inorder_fix.store.connection import Connection, read_until, wait_get, wait_until
 from accelerate_inorder_fix.store.errors import is_timeout
 
 
@@ -74,3 +74,16 @@ def test_the_waits_read_a_timeout_as_not_yet_and_raise_a_failure():
         wait_until(Gone(), ["q/1/0"], time.monotonic() + 0.01, 0.01)
     with pytest.raises(dist.DistNetworkError):
         wait_get(Gone(), "mode", 0.01)
+
+
+def test_the_verdicts_read_is_one_get_whose_timeout_is_the_slice_and_the_clients_own_comes_back(tcp_store):
+    """`Connection.get_within` arms this thread's cloned client with the slice for one `get`, then gives it back
+    its own timeout (T + 5 s); `read_until` reads a key that is there, and None for one that never comes."""
+    server, _ = tcp_store
+    connection = Connection(server, "aif/", 0.2)
+    assert is_timeout(_raised(lambda: connection.get_within("missing", 0.02)))
+    assert connection._local.client.timeout == datetime.timedelta(seconds=5.2)
+    connection.set("here", "v")
+    assert read_until(connection, "here", time.monotonic() + 0.2, 0.2) == b"v"
+    assert read_until(connection, "missing", time.monotonic() + 0.05, 0.2) is None
+    assert connection._local.client.timeout == datetime.timedelta(seconds=5.2)
