@@ -18,6 +18,7 @@ import collections
 import os
 import re
 import threading
+import time
 import uuid
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Protocol
@@ -161,7 +162,7 @@ class InOrderSession:
                 return None
         else:
             try:
-                blob = connection.wait_get(base, WORD_KEY, timeout)
+                blob = connection.read_until(base, WORD_KEY, time.monotonic() + timeout, timeout)
             except Exception as exc:  # the store failed
                 blob = None
                 warn_once(f"rank {rank}: could not read the main process's in_order mode ({exc!r})")

@@ -4,7 +4,7 @@ Every torch.distributed job has a key-value store (TCPStore, FileStore, HashStor
 one). Both modes talk through it, never through a process group's collectives. A `Connection` puts
 every key under `PREFIX` and the session's own prefix, and gives each thread its own client where torch
 can clone one (a TCPStore holds its client lock for the whole of a `wait`, so a thread waiting at one
-site would stall another's), with our timeout (T + 5 s) instead of the process group's.
+site would stall another's), with our timeout (T + `CLIENT_SLACK`) instead of the process group's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from .errors import is_timeout
 
@@ -26,7 +26,9 @@ Store = Any
 
 PREFIX = "accelerate_inorder_fix/"
 SHORTEST_WAIT = 0.002  # seconds: a shorter wait is none (c10d reads a wait under 1 ms as no timeout at all)
-SLICE = 0.125  # of the wait's timeout T: the longest single store wait (`wait_until`)
+SLICE = 0.125  # of the wait's timeout T: the longest single store wait (`_sliced`)
+CLIENT_SLACK = 5.0  # seconds: a cloned client's own timeout is T plus this (`_client_timeout`)
+R = TypeVar("R")
 UNSET = b"accelerate_inorder_fix:unset"  # compare_set with this as both values reads a key, never waits
 
 
@@ -37,7 +39,7 @@ class Connection:
     Args:
         store: the job's store (the process group's), or a test's store (which may offer `prefixed(prefix)`).
         prefix: put before every key.
-        timeout: seconds; a cloned client's own timeout is this plus 5 s.
+        timeout: seconds, T; a cloned client's own timeout is T + `CLIENT_SLACK`.
     """
 
     def __init__(self, store: Store, prefix: str, timeout: float) -> None:
@@ -58,8 +60,8 @@ class Connection:
         return mine
 
     def get_within(self, key: str, seconds: float) -> bytes:
-        """`get` of `key` waiting at most `seconds` for it, one request (a timeout raises as `wait`'s does): on this
-        thread's own client, its timeout set for the call (client-side); on a shared one, a `wait` and a `get`."""
+        """`get` of `key` waiting at most `seconds` for it (a timeout raises as `wait`'s does): on this thread's own
+        client, its timeout set for the call (client-side, no request); on a shared one, a `wait` and a `get`."""
         mine, client = self.own(), self._local.client
         if client is None:  # the job's own client: its timeout is the process group's
             mine.wait([key], datetime.timedelta(seconds=seconds))
@@ -68,7 +70,7 @@ class Connection:
         try:
             return bytes(mine.get(key))
         finally:
-            client.set_timeout(datetime.timedelta(seconds=self.timeout + 5.0))
+            client.set_timeout(_client_timeout(self.timeout))
 
     def fresh(self) -> Store:
         """This thread's client made anew, for a thread whose own failed (a failed TCPStore client stays failed)."""
@@ -137,59 +139,40 @@ def peek(store: Store, key: str) -> Optional[bytes]:
 def wait_until(
     store: Store, keys: list[str], deadline: float, timeout: float, clock: Callable[[], float] = time.monotonic
 ) -> bool:
-    """Whether every key in `keys` is in the store by `deadline` (on `clock`): every store wait of a call.
-
-    The wait is cut into slices of at most `SLICE` T, each armed with the time left: torch's TCPStore client
-    restarts its poll with the whole timeout after EINTR (a DataLoader worker's SIGCHLD, a Ctrl-C), so a
-    signal stretches a wait past its deadline by at most one slice (T/8), and a Ctrl-C raises within one.
-    Cost: none while a key comes within a slice; per slice that runs out, one more wait request (and its
-    cancel), and torch's two `[c10d] waitForInput` lines (docs/c10d-warnings.md). At the deadline, one
-    `check` (it wakes nobody). Never raises on a timeout; raises what the store raises otherwise.
-
-    Args:
-        deadline: on `clock`, when the wait ends.
-        timeout: T, in seconds: the slice is `SLICE` of it.
-    """
-    while True:
-        left = deadline - clock()
-        if left < SHORTEST_WAIT:
-            return bool(store.check(keys))
-        try:
-            store.wait(keys, datetime.timedelta(seconds=min(left, max(timeout * SLICE, SHORTEST_WAIT))))
-            return True
-        except Exception as exc:
-            if not is_timeout(exc):
-                raise
+    """Whether every key in `keys` is in the store by `deadline` (on `clock`; T `timeout`): one `wait` while they
+    come within a slice (`_sliced`), at the deadline one `check` (it wakes nobody). Raises what the store raises
+    but a timeout."""
+    came = _sliced(
+        lambda seconds: store.wait(keys, datetime.timedelta(seconds=seconds)) or True, deadline, timeout, clock
+    )
+    return bool(store.check(keys)) if came is None else came
 
 
 def read_until(
     store: Store, key: str, deadline: float, timeout: float, clock: Callable[[], float] = time.monotonic
 ) -> Optional[bytes]:
-    """The value of `key` once it is in the store by `deadline` (None: it did not come), sliced as `wait_until`:
-    one request while it comes within a slice (`Connection.get_within`; a store without it: a `wait`, a `get`).
-    b"": a write woke the wait and the key was gone by the read. Raises what the store raises but a timeout."""
-    within = getattr(store, "get_within", None)
-    if within is None:
-        return bytes(store.get(key)) if wait_until(store, [key], deadline, timeout, clock) else None
+    """The value of `key` once it is in the store by `deadline` (None: it did not come), on a `Connection`: one `get`
+    (`get_within`) while it comes within a slice (`_sliced`), at the deadline a `check` (and a `get`). b"": a write
+    woke the wait and the key was gone by the read. Raises what the store raises but a timeout."""
+    blob = _sliced(lambda seconds: bytes(store.get_within(key, seconds)), deadline, timeout, clock)
+    return bytes(store.get(key)) if blob is None and store.check([key]) else blob
+
+
+def _sliced(request: Callable[[float], R], deadline: float, timeout: float, clock: Callable[[], float]) -> Optional[R]:
+    """`request(seconds)`, a store wait, made again in slices of at most `SLICE` T until it returns (None: `deadline`
+    came first). torch's TCPStore client restarts its poll with the whole timeout after EINTR (a DataLoader worker's
+    SIGCHLD, a Ctrl-C), so a signal stretches a wait past its deadline by one slice (T/8) at most, and a Ctrl-C
+    raises within one. Cost: per slice that runs out, one more request (and its cancel), and torch's two
+    `[c10d] waitForInput` lines (docs/c10d-warnings.md). A timeout is "not yet"; any other error raises."""
     while True:
         left = deadline - clock()
         if left < SHORTEST_WAIT:
-            return bytes(store.get(key)) if store.check([key]) else None
+            return None
         try:
-            return bytes(within(key, min(left, max(timeout * SLICE, SHORTEST_WAIT))))
+            return request(min(left, max(timeout * SLICE, SHORTEST_WAIT)))
         except Exception as exc:
             if not is_timeout(exc):
                 raise
-
-
-def wait_get(store: Store, key: str, seconds: float) -> Optional[bytes]:
-    """The value of `key`, waiting up to `seconds` (T) for it (`wait_until`); None when it did not come.
-
-    Raises what the store raises otherwise (a failed store).
-    """
-    if not wait_until(store, [key], time.monotonic() + seconds, seconds):
-        return None
-    return bytes(store.get(key))
 
 
 def _prefixed(store: Store, prefix: str) -> Store:
@@ -208,8 +191,13 @@ def _clone(store: Store, timeout: float) -> Optional[Store]:
         own = store.clone()  # `clone` is not in every torch's stubs
     except (RuntimeError, AttributeError):
         return None
-    own.set_timeout(datetime.timedelta(seconds=timeout + 5.0))
+    own.set_timeout(_client_timeout(timeout))
     return own
+
+
+def _client_timeout(timeout: float) -> datetime.timedelta:
+    """A cloned client's own timeout, for any request not armed with its own: T + `CLIENT_SLACK`."""
+    return datetime.timedelta(seconds=timeout + CLIENT_SLACK)
 
 
 def _reachable(store: Store, timeout: float) -> None:

@@ -197,7 +197,7 @@ def test_a_site_whose_main_call_waits_behind_another_thread_s_calls_keeps_its_bl
 def test_a_rank_dead_from_its_first_post_costs_the_main_process_at_most_the_death_bound(main_only):
     """No ordinary delays: every wait of the main process is for the dead rank (or the main-only site's once)."""
     script = job(3, 10, delay=0.0)
-    script.die_at[2] = 3  # its first post
+    script.die_at[2] = 2  # its first post (after the word's one get)
     if main_only:
         script.notes.append("main-only")
         for k in range(10, 0, -1):
@@ -212,12 +212,12 @@ def test_a_rank_dead_from_its_first_post_costs_the_main_process_at_most_the_deat
 
 @pytest.mark.parametrize("applied", [False, True])
 def test_a_post_whose_connection_fails_comes_out_once(applied):
-    """Rank 1's first post (its third store operation: the word's check and get, then the post's compare_set):
+    """Rank 1's first post (its second store operation: the word's one get, then the post's compare_set):
     the connection fails before the server sees it, or after the server applied it (the reply lost). The rank
     asks again on a fresh connection (`Connection.fresh`): `compare_set(key, "", head)` answers the head when
     the first landed, so the record goes to the main process once, and is not printed on the rank too."""
     script = job(2, 3)
-    script.fail_at[1] = 3
+    script.fail_at[1] = 2
     if applied:
         script.applied.add(1)
     sim, problems = run(script)
@@ -229,7 +229,7 @@ def test_a_post_whose_connection_fails_comes_out_once(applied):
 
 
 def test_a_rank_that_could_not_read_the_word_logs_that_call_at_once_and_keeps_the_main_s_numbers():
-    """Rank 1's connection fails at its first store operation (the word's check): that call is logged at once
+    """Rank 1's connection fails at its first store operation (the word's get): that call is logged at once
     on the rank, and its later records come out in their own blocks, not one call early."""
     script = job(2, 3)
     script.fail_at[1] = 1

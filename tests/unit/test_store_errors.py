@@ -9,7 +9,7 @@ import time
 import pytest
 
 from accelerate_inorder_fix import testing
-from accelerate_inorder_fix.store.connection import Connection, read_until, wait_get, wait_until
+from accelerate_inorder_fix.store.connection import Connection, read_until, wait_until
 from accelerate_inorder_fix.store.errors import is_timeout
 
 
@@ -52,7 +52,8 @@ def test_a_store_whose_server_is_gone_is_no_timeout():
     del server  # the server's thread stops with it
     error = _raised(lambda: client.get("a"))
     assert isinstance(error, dist.DistNetworkError) and not is_timeout(error)
-    assert not is_timeout(_raised(lambda: wait_get(client, "a", 0.05)))  # wait_get raises it, not None
+    connection = Connection(client, "", 0.05)
+    assert not is_timeout(_raised(lambda: read_until(connection, "a", time.monotonic() + 0.05, 0.05)))  # not None
 
 
 def test_the_in_memory_stores_timeout_is_one_and_other_errors_are_not():
@@ -64,7 +65,7 @@ def test_the_in_memory_stores_timeout_is_one_and_other_errors_are_not():
 
 def test_the_waits_read_a_timeout_as_not_yet_and_raise_a_failure():
     assert wait_until(testing.InMemoryStore(), ["q/1/0"], time.monotonic() + 0.01, 0.01) is False
-    assert wait_get(testing.InMemoryStore(), "mode", 0.01) is None
+    assert read_until(Connection(testing.InMemoryStore(), "", 0.01), "mode", time.monotonic() + 0.01, 0.01) is None
 
     class Gone(testing.InMemoryStore):
         def wait(self, keys, timeout=None):
@@ -73,12 +74,12 @@ def test_the_waits_read_a_timeout_as_not_yet_and_raise_a_failure():
     with pytest.raises(dist.DistNetworkError):
         wait_until(Gone(), ["q/1/0"], time.monotonic() + 0.01, 0.01)
     with pytest.raises(dist.DistNetworkError):
-        wait_get(Gone(), "mode", 0.01)
+        read_until(Connection(Gone(), "", 0.01), "mode", time.monotonic() + 0.01, 0.01)
 
 
 def test_the_verdicts_read_is_one_get_whose_timeout_is_the_slice_and_the_clients_own_comes_back(tcp_store):
     """`Connection.get_within` arms this thread's cloned client with the slice for one `get`, then gives it back
-    its own timeout (T + 5 s); `read_until` reads a key that is there, and None for one that never comes."""
+    its own timeout (T + `CLIENT_SLACK`); `read_until` reads a key that is there, and None for one that never comes."""
     server, _ = tcp_store
     connection = Connection(server, "aif/", 0.2)
     assert is_timeout(_raised(lambda: connection.get_within("missing", 0.02)))
