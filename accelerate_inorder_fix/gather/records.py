@@ -117,13 +117,12 @@ def _data(value: Any) -> Any:
 
 def _attributes(record: logging.LogRecord) -> dict[str, Any]:
     """What of `record` travels: its attributes, the message rendered, the traceback as text, a tuple as its repr."""
-    attributes = {k: v for k, v in vars(record).items() if k not in _NOT_SENT}
+    attributes = {  # json would write a tuple as a list: it travels as its repr
+        k: _repr(v) if isinstance(v, tuple) else v for k, v in vars(record).items() if k not in _NOT_SENT
+    }
     attributes.update(name=str(record.name), levelno=int(record.levelno), msg=message(record))
     if record.exc_info and not record.exc_text:
         attributes["exc_text"] = _TRACEBACKS.formatException(record.exc_info)
-    for key, value in attributes.items():  # json would write a tuple as a list: it travels as its repr
-        if isinstance(value, tuple):
-            attributes[key] = _repr(value)
     for key in ("exc_text", "stack_info"):  # whatever a record factory put there, the main process gets text
         if not isinstance(attributes.get(key), (str, type(None))):
             attributes[key] = _repr(attributes[key])
