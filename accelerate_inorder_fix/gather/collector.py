@@ -16,14 +16,14 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Optional
 
 from .. import bounds
 from .._call import InOrderCall
 from .._callsite import Identity, Site
 from .._diagnostics import COLLECTIVE, CallWarning, ranks_text, site_text, warn_every, warn_once
 from ..config import SETTINGS, TIMEOUT_ENV
-from ..store.connection import SHORTEST_WAIT, SLICE, Store
+from ..store.connection import SHORTEST_WAIT, SLICE, Store, wait_until
 from . import collapse, records
 from .queues import QUEUE, Inbox, Outbox, Refused, Taken
 
@@ -104,8 +104,9 @@ class Collector:
             if not waited:
                 break
             now, left = time.monotonic(), min([timeout, *(self.quiet[r] for r in self.quiet.keys() & waited)])
-            if self.inbox.wait(waited, min(start + left, now + SLICE * timeout), timeout, time.monotonic):
-                self._route_all(self.inbox.take(waited), identity, block)
+            heads = self.inbox.heads(waited)
+            if wait_until(self.inbox.store, heads, min(start + left, now + SLICE * timeout), timeout, time.monotonic):
+                self._route_all(self.inbox.take(waited, heads), identity, block)
             else:
                 self._read_ahead(range(1, self.world_size), identity, block, QUEUE, True)
             self.inbox.ack()
@@ -124,28 +125,32 @@ class Collector:
             self._route_all(self.inbox.take(todo), identity, block)
 
     def _route_all(self, taken: Taken, current: Identity, block: Block) -> None:
+        """File each record taken (`_route`); most, of `current` from a rank with none kept, straight into `block`."""
+        read, ahead, heard = records.read, self.ahead, self.heard
         for rank, payload in taken:
-            if payload is not None:
-                self._route(rank, payload, current, block)
+            heard.add(rank)
+            try:
+                if isinstance(payload, Refused):
+                    raise records.MalformedRecord(payload)
+                found = read(payload, rank)
+            except records.MalformedRecord as exc:
+                done = f" and counted as rank {rank}'s empty record of this call" if rank not in block else ""
+                block.setdefault(rank, None)  # in its record's place: not waited for, not said absent
+                what = f"sent something that is not an in_order record ({exc})"
+                _say(describe(current), (rank,), what, 0, f"it was ignored{done}")
+                continue
+            if found[0] == current and rank not in ahead:
+                block[rank] = found[1]
+            else:
+                self._route(rank, found, current, block)
 
-    def _route(self, rank: int, payload: Union[bytes, Refused], current: Identity, block: Block) -> None:
-        """File one record of `rank`: into `block` if it is of `current`, emitted if late, else kept for its call."""
-        self.heard.add(rank)
-        try:
-            if isinstance(payload, Refused):
-                raise records.MalformedRecord(payload)
-            identity, record, thread = records.read(payload, rank)
-        except records.MalformedRecord as exc:
-            done = f" and counted as rank {rank}'s empty record of this call" if rank not in block else ""
-            block.setdefault(rank, None)  # in the place of its record of this call: not waited for, not said absent
-            what = f"sent something that is not an in_order record ({exc})"
-            _say(describe(current), (rank,), what, 0, f"it was ignored{done}")
-            return
+    def _route(self, rank: int, found: records.Read, current: Identity, block: Block) -> None:
+        """File `rank`'s record (`records.read`'s): into `block` if of `current`, emitted if late, else kept."""
+        identity, record, thread = found
         site = identity[0]
-        if identity == current:
+        if identity == current:  # from a rank with records kept
             block[rank] = record
-            if rank in self.ahead:
-                self.passing += [(kept, rank) for kept in self._passed(rank, identity, thread)]
+            self.passing += [(kept, rank) for kept in self._passed(rank, identity, thread)]
         elif identity[1] <= self.made.get(site, 0):
             if self.skipped.get(rank) == site:  # it made the call it went quiet at, late
                 del self.skipped[rank]

@@ -10,7 +10,7 @@ protocol, step by step: docs/gather-mode.md.
 from __future__ import annotations
 
 import time
-from typing import Callable, Union
+from typing import Optional, Union
 
 from .. import bounds
 from ..store.connection import Store, wait_until
@@ -32,7 +32,7 @@ class Refused(str):
     missing or of the wrong size. It costs that rank's record; the read moves past it."""
 
 
-Taken = list[tuple[int, Union[bytes, Refused, None]]]  # (rank, its record's bytes; None: its queue closed)
+Taken = list[tuple[int, Union[bytes, Refused]]]  # (rank, its record's bytes), a queue that closed none
 
 
 def record_key(rank: int, n: int, part: int = 0) -> str:
@@ -153,25 +153,20 @@ class Inbox:
     def heads(self, ranks: list[int]) -> list[str]:
         return list(map(record_key, ranks, map(self.next.__getitem__, ranks)))
 
-    def wait(self, ranks: list[int], deadline: float, timeout: float, clock: Callable[[], float]) -> bool:
-        """Whether each rank in `ranks` has a next record by `deadline` on `clock` (`wait_until`, T `timeout`)."""
-        return wait_until(self.store, self.heads(ranks), deadline, timeout, clock)
-
     def present(self, ranks: list[int]) -> list[int]:
         """Those of `ranks` with a next record now (one check each: only when a wait ran out)."""
         return [r for r in ranks if r not in self.ended and self.store.check([record_key(r, self.next[r])])]
 
-    def take(self, ranks: list[int]) -> Taken:
-        """The next record of each rank in `ranks` (each there), in order. A rank's head is checked before
-        anything it claims is read, and its pieces before they are read (`check`: no wait), so whatever one
-        rank wrote costs that rank's record alone (`Refused`), with no more reads than an honest record needs."""
+    def take(self, ranks: list[int], heads: Optional[list[str]] = None) -> Taken:
+        """The next record of each rank in `ranks` (each there; `heads`: their keys), in order; none of a queue that
+        closed. A rank's head is checked before anything it claims is read, and its pieces before they are read
+        (`check`: no wait): what one rank wrote costs its record alone (`Refused`), in no more reads than an honest one."""
         taken: Taken = []
         rest: list[tuple[int, list[str]]] = []  # (place in `taken`, keys of the rest of a record over CHUNK)
-        for rank, head in zip(ranks, get_many(self.store, self.heads(ranks))):
+        for rank, head in zip(ranks, get_many(self.store, self.heads(ranks) if heads is None else heads)):
             n = self.next[rank]
             if head == CLOSED:
                 self._end(rank)
-                taken.append((rank, None))
                 continue
             self.next[rank] = n + 1
             if head[:2] == b"1\n" and len(head) <= CHUNK + 2:  # one piece: most records

@@ -42,8 +42,11 @@ _KINDS = {  # what the main process relies on, with the types it needs (the usua
 _CHECKED = operator.itemgetter(*map(FIELDS.index, _KINDS))
 _USUAL = tuple(kinds[0] for kinds in _KINDS.values())
 _RANK = FIELDS.index("rank")
+_HEAD = (int, int, str, str, int, dict)  # version, count, file, function, line, the other attributes
+_EMPTY = dict.fromkeys((*FIELDS, "args", "exc_info"))
 _PARSE = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # `json.loads`'s own scanner, bare
 _TRACEBACKS = logging.Formatter()
+Read = tuple[Identity, Optional[logging.LogRecord], str]  # its call, the record (None: nothing to print), thread
 
 
 class MalformedRecord(ValueError):
@@ -114,13 +117,12 @@ def _data(value: Any) -> Any:
 
 def _attributes(record: logging.LogRecord) -> dict[str, Any]:
     """What of `record` travels: its attributes, the message rendered, the traceback as text, a tuple as its repr."""
-    attributes = {k: v for k, v in vars(record).items() if k not in _NOT_SENT}
+    attributes = {  # json would write a tuple as a list: it travels as its repr
+        k: _repr(v) if isinstance(v, tuple) else v for k, v in vars(record).items() if k not in _NOT_SENT
+    }
     attributes.update(name=str(record.name), levelno=int(record.levelno), msg=message(record))
     if record.exc_info and not record.exc_text:
         attributes["exc_text"] = _TRACEBACKS.formatException(record.exc_info)
-    for key, value in attributes.items():  # json would write a tuple as a list: it travels as its repr
-        if isinstance(value, tuple):
-            attributes[key] = _repr(value)
     for key in ("exc_text", "stack_info"):  # whatever a record factory put there, the main process gets text
         if not isinstance(attributes.get(key), (str, type(None))):
             attributes[key] = _repr(attributes[key])
@@ -205,7 +207,7 @@ def size_text(size: int) -> str:
     return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size} bytes"
 
 
-def read(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecord], str]:
+def read(payload: bytes, rank: int) -> Read:
     """`(identity, record or None, its thread's name)` from `encode`'s bytes read from `rank`'s queue; else `MalformedRecord`.
 
     Only JSON is parsed (UTF-8, lone surrogates passed, as `encode` writes it); the record must say it is `rank`'s, name its
@@ -220,14 +222,12 @@ def read(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecor
         raise MalformedRecord(f"{len(payload)} bytes that are not JSON ({type(exc).__name__})") from None
     try:
         version, (file, function, line), count, values, others = document
-        if type(version) is not int or version != VERSION or type(count) is not int:
-            raise ValueError("another version")
-        if (type(file), type(function), type(line)) != (str, str, int):
-            raise ValueError("its call site is not (file, function, line)")
     except (ValueError, TypeError) as exc:
         raise MalformedRecord(f"not a version-{VERSION} record of accelerate-inorder-fix ({exc})") from None
-    if type(others) is not dict:
-        raise MalformedRecord("its record's other attributes are not an object")
+    kinds = tuple(map(type, (version, count, file, function, line, others)))
+    if kinds != _HEAD or version != VERSION:
+        shown = ", ".join(kind.__name__ for kind in kinds)
+        raise MalformedRecord(f"not a version-{VERSION} record (version, count, call site, others: {shown})")
     if values is None:
         thread = others.get("threadName")
         return ((file, function, line), count), None, thread if type(thread) is str else ""
@@ -240,7 +240,8 @@ def read(payload: bytes, rank: int) -> tuple[Identity, Optional[logging.LogRecor
                 raise MalformedRecord(f"its record's {key!r} is a {kind.__name__}")
     if values[_RANK] != rank:
         raise MalformedRecord(f"its record's 'rank' is {values[_RANK]}, not the rank of its queue")
-    attributes = dict(zip(FIELDS, values), args=None, exc_info=None)
+    attributes = _EMPTY.copy()  # sized for every field: no resize as they go in
+    attributes.update(zip(FIELDS, values))
     if others:
         if not _NOT_SENT.isdisjoint(others):
             raise MalformedRecord("its record sends args or exc_info")
