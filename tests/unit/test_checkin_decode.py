@@ -3,10 +3,12 @@
 A verdict, a marker or a counter is read from the job's store, where anyone with access can write. A forged
 verdict nested deeper than the JSON decoder's recursion limit, or a call number in non-ASCII digits
 (`'²'.isdigit()` is True, `int('²')` raises), must read as junk: a skip named "damaged", or a marker of no
-call. On one in-memory store (`testing.InMemoryStore`), one rank of two checks in alone.
+call. On one in-memory store (`testing.InMemoryStore`, through a `Connection` as the session gives it), one rank
+of two checks in alone.
 """
 
 from accelerate_inorder_fix.barrier import checkin
+from accelerate_inorder_fix.store.connection import Connection
 from accelerate_inorder_fix.testing import InMemoryStore
 
 
@@ -15,8 +17,8 @@ T = 0.2
 
 
 def alone(store):
-    """Rank 0 of 2 checks in at SITE."""
-    return checkin.CheckIn(store, 0, 2)
+    """Rank 0 of 2 checks in at SITE, through a `Connection` to `store` (what `CheckIn` is given)."""
+    return checkin.CheckIn(Connection(store, "", T), 0, 2)
 
 
 def first_verdict(side):
