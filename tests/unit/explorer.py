@@ -34,7 +34,7 @@ holds the invariants, at the numbers of `accelerate_inorder_fix.bounds`, per cal
 - every enabled record emitted exactly once, and a `go` call's records in rank order, no record of
   another `go` call between them, no rank returning before all are out, for every call no fault touched;
 - a skip names only ranks that had not checked in at that call when it was written; a rank named for not
-  handing over had not when it was named, and every rank before it had (or junk, a failed connection);
+  handing over had not when it was named, and the rank before it had (or junk, a failed connection);
 - the store holds at most 2N + 1 keys per site used and one per rank (and what a fault left, bounded);
 - nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank, and nothing runs
   on: a schedule stops, failed, past `MAX_OPS` store operations (a loop the virtual clock does not move).
@@ -587,7 +587,7 @@ class WatchedSide(side.BarrierSide):
     def __init__(self, rank: Rank, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rank = rank
-        verdict, take, first_missing = self.checkin.verdict, self.turns.take, self.turns._first_missing
+        verdict, take, last_break = self.checkin.verdict, self.turns.take, self.turns._last_break
         named_at: dict[tuple[str, int], int] = {}  # (call, rank named): the tick this rank first found it missing
 
         def watched_verdict(
@@ -604,8 +604,8 @@ class WatchedSide(side.BarrierSide):
             rank.sim.events.append(("verdict", rank.rank, tag, result, start, rank.sim.now, rank.number[tag], gone))
             return made, result
 
-        def watched_first_missing(call: checkin.Call, ranks: range) -> Optional[int]:
-            missing = first_missing(call, ranks)
+        def watched_last_break(call: checkin.Call, ranks: range) -> Optional[int]:
+            missing = last_break(call, ranks)
             if missing is not None:  # the store operations run before this rank named it (a later naming of
                 named_at.setdefault((call.marker, missing), rank.sim.tick)  # another, or in a nested call: not)
             return missing
@@ -633,7 +633,7 @@ class WatchedSide(side.BarrierSide):
 
         self.checkin.verdict = watched_verdict  # type: ignore[method-assign]
         self.turns.take = watched_take  # type: ignore[method-assign]
-        self.turns._first_missing = watched_first_missing  # type: ignore[method-assign]
+        self.turns._last_break = watched_last_break  # type: ignore[method-assign]
 
 
 # -- schedules ---------------------------------------------------------------------------------------
@@ -881,7 +881,7 @@ def _ordinary_wait(script: Script, r: int) -> float:
 
 def _naming(sim: Sim) -> list[str]:
     """A rank named for not handing over had not when it was named (it died, was slow or behind a slow one), or
-    it lost its connection, or junk stood in its key; and every rank before it had."""
+    it lost its connection, or junk stood in its key; and the rank before it had (a break, not a rank behind one)."""
     problems: list[str] = []
     excused = sim.dead | {q for q, _ in sim.handling} | sim.failed | sim.junked_handoff  # slow handlers, nested calls
     for e in (e for e in sim.events if e[0] == "turns"):
@@ -889,11 +889,14 @@ def _naming(sim: Sim) -> list[str]:
         if e[5] is not None and e[5] not in excused and handed <= e[8]:
             problems.append(f"rank {e[1]} named rank {e[5]} at {e[2]}, which had handed over before")
         first = e[1] + 1 if (e[5] or 0) > e[1] else 0  # past its own turn: the ranks after it only
-        before = [p for p in range(first, e[5] or 0) if sim.handed.get(f"h/{e[2]}/{p}", math.inf) > e[8]]
+        # a break: the rank before it had handed over (one behind a break, waiting, is not named)
+        before = [
+            p
+            for p in range(max(first, (e[5] or 0) - 1), e[5] or 0)
+            if sim.handed.get(f"h/{e[2]}/{p}", math.inf) > e[8]
+        ]
         if set(before) - sim.junked_handoff - sim.failed:
-            problems.append(
-                f"rank {e[1]} named rank {e[5]} at {e[2]}, but rank(s) {before} had not handed over either"
-            )
+            problems.append(f"rank {e[1]} named rank {e[5]} at {e[2]}, but rank {before} had not handed over either")
     return problems
 
 
@@ -1104,7 +1107,7 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "no-handoff-wait": ("handoff:take", _turns(wait_before=False)),
     "no-final-wait": ("handoff:take", _turns(wait_last=False)),
     "forget-own-handoff-at-once": ("handoff:take", _turns(forget=0)),
-    "name-the-one-before": ("handoff:_first_missing", _name_the_one_before),
+    "name-the-one-before": ("handoff:_last_break", _name_the_one_before),
     "emit-twice": ("side:emit_at_once", _emit_twice),
     "wait-without-deadline": ("wait_for", _wait_without_deadline),
     "peek-after-timeout": ("wait_for", _peek_after_timeout),

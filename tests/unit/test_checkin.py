@@ -235,19 +235,21 @@ def test_a_rank_that_dies_in_its_turn_costs_one_timeout_and_is_the_one_named(dea
     assert [e[2][0] for e in sim.events if e[0] == "emit" and e[2][1] == 2] == [r for r in range(4) if r != dead]
 
 
-@pytest.mark.parametrize("seed", [2, 3, 4])
-def test_a_second_rank_dead_in_its_turn_further_down_is_named_by_a_survivor_between(seed):
-    """Ranks 1 and 4 of 6 die in their turns: the ranks after rank 1 name it, the first break they find. Rank 3's
-    wait for the last rank runs out at rank 4's break, and the last rank's handoff comes in the T/4 more: rank 3
-    names rank 4 all the same (`handoff.Turns._wait`'s `keep`). In these seeds; where rank 3's wait outlasts the
-    last rank's handoff, nobody names rank 4 (docs/barrier-mode.md, the turns)."""
-    script = loop(6, 2, ["A"], collective=False)
-    script.die_in_turn.update({1: 1, 4: 1})
-    script.divergences = 2
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("n, dead", [(5, (1, 3)), (6, (2, 4)), (6, (1, 4)), (5, (2, 4))])
+def test_two_ranks_dead_in_their_turns_of_one_call_are_each_named_by_a_survivor(n, dead, seed):
+    """Each break is named by the first survivor after it (the break nearest before its wait), the last rank's by
+    the ranks before it; once named it is not named by a rank behind it. The survivors' records stay in rank order,
+    and no rank waits past the bounds (`run`'s checker: DEATH per death, CALL per call)."""
+    script = loop(n, 2, ["A"], collective=False)
+    script.die_in_turn.update(dict.fromkeys(dead, 1))
+    script.divergences = len(dead)
     sim, problems = run(script, seed)
     assert not problems, problems
-    assert {e[5] for e in turns(sim)} - {None} == {1, 4}
-    assert {e[1] for e in turns(sim) if e[5] == 4} == {3}
+    named = {e[5] for e in turns(sim)} - {None}
+    assert named == set(dead), named
+    assert [e[2][0] for e in sim.events if e[0] == "emit" and e[2][1] == 1] == [r for r in range(n) if r not in dead]
+    assert max(e[4] - e[3] for e in sim.events if e[0] == "call") <= bounds.CALL.value * T
 
 
 def test_a_slow_handler_is_named_and_the_ranks_after_it_go_on():
