@@ -27,9 +27,9 @@ class Turns:
         self.checkin = checkin
         self.rank, self.last = checkin.rank, checkin.world_size - 1
 
-    def take(self, call: Call, deadline: float, timeout: float, emit: Callable[[], None]) -> Optional[int]:
+    def take(self, call: Call, deadline: float, timeout: float, emit: Callable[[], None]) -> tuple[int, ...]:
         """Wait for the rank before, emit, hand over; wait for the last rank; forget the call before. Returns the
-        first rank named for breaking the chain (None: it held); raises what the store raises.
+        ranks named for breaking the chain (none: it held); raises what the store raises.
 
         Args:
             call, deadline: the `go` call and its own deadline (T from its start); timeout: T, in seconds.
@@ -45,11 +45,11 @@ class Turns:
         previous = self.checkin.previous(call)
         if previous > 0:
             store.delete_key(Call(call.site, previous).handoff(self.rank))
-        for q in (named, after):
-            if q is not None:
-                self._say_broken(call, q, timeout)
-                self.checkin.absence.name({q: call.marker}, timeout)
-        return named if named is not None else after
+        breaks = tuple(q for q in (named, after) if q is not None)
+        for q in breaks:
+            self._say_broken(call, q, timeout)
+            self.checkin.absence.name({q: call.marker}, timeout)
+        return breaks
 
     def _wait(self, call: Call, ranks: range, deadline: float, timeout: float) -> Optional[int]:
         """Wait for the handoff of the last of `ranks`; past it, the break nearest it. When that is not the last, the
