@@ -34,7 +34,8 @@ holds the invariants, at the numbers of `accelerate_inorder_fix.bounds`, per cal
 - every enabled record emitted exactly once, and a `go` call's records in rank order, no record of
   another `go` call between them, no rank returning before all are out, for every call no fault touched;
 - a skip names only ranks that had not checked in at that call when it was written; a rank named for not
-  handing over had not when it was named, and every rank before it had (or junk, a failed connection);
+  handing over had not when it was named, and the rank before it had (or junk, a failed connection); where
+  the faults are deaths in turns only, each rank dead in its turn is named (but right after another's death);
 - the store holds at most 2N + 1 keys per site used and one per rank (and what a fault left, bounded);
 - nothing hangs: every rank ends (or died), unless a user collective waits for a dead rank, and nothing runs
   on: a schedule stops, failed, past `MAX_OPS` store operations (a loop the virtual clock does not move).
@@ -587,7 +588,7 @@ class WatchedSide(side.BarrierSide):
     def __init__(self, rank: Rank, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rank = rank
-        verdict, take, first_missing = self.checkin.verdict, self.turns.take, self.turns._first_missing
+        verdict, take, last_break = self.checkin.verdict, self.turns.take, self.turns._last_break
         named_at: dict[tuple[str, int], int] = {}  # (call, rank named): the tick this rank first found it missing
 
         def watched_verdict(
@@ -604,14 +605,14 @@ class WatchedSide(side.BarrierSide):
             rank.sim.events.append(("verdict", rank.rank, tag, result, start, rank.sim.now, rank.number[tag], gone))
             return made, result
 
-        def watched_first_missing(call: checkin.Call, ranks: range) -> Optional[int]:
-            missing = first_missing(call, ranks)
+        def watched_last_break(call: checkin.Call, ranks: range) -> Optional[int]:
+            missing = last_break(call, ranks)
             if missing is not None:  # the store operations run before this rank named it (a later naming of
                 named_at.setdefault((call.marker, missing), rank.sim.tick)  # another, or in a nested call: not)
             return missing
 
-        def watched_take(call: checkin.Call, deadline: float, timeout: float, emit: Any) -> Optional[int]:
-            begin, tag, named = rank.sim.now, call.marker, None
+        def watched_take(call: checkin.Call, deadline: float, timeout: float, emit: Any) -> tuple[int, ...]:
+            begin, tag, named = rank.sim.now, call.marker, ()
             rank.in_turns = True
             try:
                 named = take(call, deadline, timeout, emit)
@@ -626,14 +627,14 @@ class WatchedSide(side.BarrierSide):
                     named,
                     deadline,
                     rank.number[tag],
-                    named_at.get((tag, named), 0) if named is not None else 0,
+                    tuple(named_at.get((tag, q), 0) for q in named),
                 )
                 rank.sim.events.append(event)
             return named
 
         self.checkin.verdict = watched_verdict  # type: ignore[method-assign]
         self.turns.take = watched_take  # type: ignore[method-assign]
-        self.turns._first_missing = watched_first_missing  # type: ignore[method-assign]
+        self.turns._last_break = watched_last_break  # type: ignore[method-assign]
 
 
 # -- schedules ---------------------------------------------------------------------------------------
@@ -779,6 +780,7 @@ def check(sim: Sim) -> list[str]:
     problems += _verdicts(sim)
     problems += _waits(sim)
     problems += _naming(sim)
+    problems += _deaths_named(sim)
     problems += _records(sim)
     if sim.script.notes == ["rank 0 makes a main-only call M each step"]:
         problems += [
@@ -881,19 +883,41 @@ def _ordinary_wait(script: Script, r: int) -> float:
 
 def _naming(sim: Sim) -> list[str]:
     """A rank named for not handing over had not when it was named (it died, was slow or behind a slow one), or
-    it lost its connection, or junk stood in its key; and every rank before it had."""
+    it lost its connection, or junk stood in its key; and the rank before it had (a break, not a rank behind one)."""
     problems: list[str] = []
     excused = sim.dead | {q for q, _ in sim.handling} | sim.failed | sim.junked_handoff  # slow handlers, nested calls
     for e in (e for e in sim.events if e[0] == "turns"):
-        handed = sim.handed.get(f"h/{e[2]}/{e[5]}", math.inf)
-        if e[5] is not None and e[5] not in excused and handed <= e[8]:
-            problems.append(f"rank {e[1]} named rank {e[5]} at {e[2]}, which had handed over before")
-        first = e[1] + 1 if (e[5] or 0) > e[1] else 0  # past its own turn: the ranks after it only
-        before = [p for p in range(first, e[5] or 0) if sim.handed.get(f"h/{e[2]}/{p}", math.inf) > e[8]]
-        if set(before) - sim.junked_handoff - sim.failed:
-            problems.append(
-                f"rank {e[1]} named rank {e[5]} at {e[2]}, but rank(s) {before} had not handed over either"
-            )
+        for named, at in zip(e[5], e[8]):
+            handed = sim.handed.get(f"h/{e[2]}/{named}", math.inf)
+            if named not in excused and handed <= at:
+                problems.append(f"rank {e[1]} named rank {named} at {e[2]}, which had handed over before")
+            first = e[1] + 1 if named > e[1] else 0  # past its own turn: the ranks after it only
+            # a break: the rank before it had handed over (one behind a break, waiting, is not named)
+            before = [p for p in range(max(first, named - 1), named) if sim.handed.get(f"h/{e[2]}/{p}", math.inf) > at]
+            if set(before) - sim.junked_handoff - sim.failed:
+                problems.append(
+                    f"rank {e[1]} named rank {named} at {e[2]}, but rank {before} had not handed over either"
+                )
+    return problems
+
+
+def _deaths_named(sim: Sim) -> list[str]:
+    """Where the only faults are deaths in turns: each rank dead in its turn of a `go` call is named there by some
+    survivor (if one made it), unless the rank before it died in that call too (then, to the store, it waits behind
+    that break)."""
+    if {note.partition(":")[0] for note in sim.script.notes} != {"die-in-turn"}:
+        return []
+    problems, dead_at = [], {}
+    for r, number in sim.script.die_in_turn.items():
+        if r not in sim.dead:  # its record there not enabled: its handler never ran
+            continue
+        gone = [e[2] for e in sim.events if e[0] == "verdict" and e[1] == r and e[6] == number and e[3].go]
+        dead_at.update({r: gone[0]} if gone else {})
+    for r, tag in dead_at.items():
+        named = any(r in e[5] for e in sim.events if e[0] == "turns" and e[2] == tag)
+        lived = any(e[2] == tag and e[1] not in sim.dead for e in sim.events if e[0] == "verdict")
+        if not named and lived and dead_at.get(r - 1) != tag:
+            problems.append(f"rank {r} died in its turn of {tag}, and no survivor named it")
     return problems
 
 
@@ -926,7 +950,7 @@ def _records(sim: Sim) -> list[str]:
             if count != want:
                 problems.append(f"rank {r}'s record of its call {call} emitted {count} times")
     gone = {e[2] for e in sim.events if e[0] == "verdict" and e[3].go}
-    broken = {e[2] for e in sim.events if e[0] == "turns" and e[5] is not None}  # a rank named: order as it can
+    broken = {e[2] for e in sim.events if e[0] == "turns" and e[5]}  # a rank named: order as it can
     broken |= {e[1][len("h/") :].rpartition("/")[0] for e in sim.events if e[0] == "junk" and e[1].startswith("h/")}
     calls = {tag: {(e[1], e[6]) for e in sim.events if e[0] == "verdict" and e[2] == tag} for tag in gone}
     # records of go calls that held (a skipped call's come out at once; a broken one's as they can; one a failure
@@ -1032,7 +1056,7 @@ _TAKE = handoff.Turns.take
 def _turns(wait_before: bool = True, wait_last: bool = True, forget: int = 1) -> Any:
     """`handoff.Turns.take` with one of its steps taken out or moved."""
 
-    def take(self: handoff.Turns, call: checkin.Call, deadline: float, timeout: float, emit: Any) -> Optional[int]:
+    def take(self: handoff.Turns, call: checkin.Call, deadline: float, timeout: float, emit: Any) -> tuple[int, ...]:
         store, until = self.checkin.store, max(deadline, self.checkin.clock() + timeout * handoff.LATE_WAIT)
         if wait_before and self.rank > 0:
             self.checkin.wait_for(call.handoff(self.rank - 1), until)
@@ -1044,7 +1068,7 @@ def _turns(wait_before: bool = True, wait_last: bool = True, forget: int = 1) ->
             self.checkin.wait_for(call.handoff(self.last), until)
         if call.k > forget:
             store.delete_key(checkin.Call(call.site, call.k - forget).handoff(self.rank))
-        return None
+        return ()
 
     return take
 
@@ -1104,7 +1128,7 @@ MUTATIONS: dict[str, tuple[str, Any]] = {
     "no-handoff-wait": ("handoff:take", _turns(wait_before=False)),
     "no-final-wait": ("handoff:take", _turns(wait_last=False)),
     "forget-own-handoff-at-once": ("handoff:take", _turns(forget=0)),
-    "name-the-one-before": ("handoff:_first_missing", _name_the_one_before),
+    "name-the-one-before": ("handoff:_last_break", _name_the_one_before),
     "emit-twice": ("side:emit_at_once", _emit_twice),
     "wait-without-deadline": ("wait_for", _wait_without_deadline),
     "peek-after-timeout": ("wait_for", _peek_after_timeout),
@@ -1151,7 +1175,7 @@ def coverage(sim: Sim) -> set[str]:
     "verdict:timeout", ..., "named" for a rank named in the turns, "killed" for a user collective a dead rank left)."""
     kinds = {"fault:" + ("main-only" if "main-only" in note else note.partition(":")[0]) for note in sim.script.notes}
     kinds |= {"verdict:" + ("go" if e[3].go else e[3].why) for e in sim.events if e[0] == "verdict"}
-    kinds |= {"named" for e in sim.events if e[0] == "turns" and e[5] is not None}
+    kinds |= {"named" for e in sim.events if e[0] == "turns" and e[5]}
     kinds |= {"killed" for e in sim.events if e[0] == "killed by the launcher"}
     return kinds or {"fault:none"}
 

@@ -1,10 +1,11 @@
 """A rank that dies inside its in_order turn, run on every rank of a real job (tests/jobs/test_handoff.py).
 
-    torchrun --nproc_per_node 4 handoff_death.py <dying rank>
+    torchrun --nproc_per_node 4 handoff_death.py <dying rank>[,<another dying rank>...] [<late rank>:<seconds>]
 
-Every rank makes three in_order calls (`handoff#<call> r<rank>`). In the third, the dying rank's log
+Every rank makes three in_order calls (`handoff#<call> r<rank>`). In the third, each dying rank's log
 handler kills the process (`os._exit`) as it emits its record: it has the turn, and never hands it
-over. Each survivor then prints `@@RESULT r<rank> seconds=<its third call's time>` and `@@DONE r<rank>`.
+over; the late rank, if any, comes to the third call that many seconds after the others. Each survivor
+then prints `@@RESULT r<rank> seconds=<its third call's time>` and `@@DONE r<rank>`.
 
 When a worker dies, torchrun's agent stops the others with SIGTERM and, 30 s later, SIGKILL. A survivor
 notes the SIGTERM and finishes its call first, as a training script that checkpoints on SIGTERM does:
@@ -35,7 +36,8 @@ class DieInTurn(logging.Filter):
 
 
 def main():
-    dying = int(sys.argv[1])
+    dying = {int(r) for r in sys.argv[1].split(",")}
+    late, _, seconds = (sys.argv[2] if len(sys.argv) > 2 else "-1:0").partition(":")
     signal.signal(signal.SIGTERM, lambda *_: None)  # the agent's stop: finish the call first
 
     from accelerate import PartialState
@@ -47,7 +49,7 @@ def main():
     rank = state.process_index
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(logging.Formatter("%(message)s by=r" + str(rank)))
-    if rank == dying:
+    if rank in dying:
         handler.addFilter(DieInTurn())
     base = logging.getLogger("aif.handoff")
     base.addHandler(handler)
@@ -56,6 +58,8 @@ def main():
     log = get_logger("aif.handoff")
     for call in (1, 2):
         log.info(f"handoff#{call} r{rank}", in_order=True)
+    if rank == int(late):
+        time.sleep(float(seconds))
     start = time.monotonic()
     log.info(f"handoff#3 r{rank}", in_order=True)
     say(f"@@RESULT r{rank} seconds={time.monotonic() - start:.3f}")
