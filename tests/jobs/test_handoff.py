@@ -62,9 +62,12 @@ def test_two_ranks_dead_in_their_turns_of_one_call_are_each_named():
     job = run("1.15.0", dying, nproc, [f"2:{TIMEOUT / 8}"])
     survivors = [r for r in range(nproc) if r not in dying]
     assert job.killed is None, (job, job.stderr[-3000:])
+    assert job.returncode == TORCHRUN_FAILED, (job, job.stderr[-3000:])
     assert sorted(int(line.split()[1][1:]) for line in job.lines if line.startswith("@@DONE ")) == survivors
     seconds = {int(m[1]): float(m[2]) for m in map(re.compile(r"^@@RESULT r(\d) seconds=(.*)$").match, job.lines) if m}
     assert set(seconds) == set(survivors) and max(seconds.values()) < bounds.CALL.value * TIMEOUT + SLACK, seconds
     found = [(int(m["call"]), int(m["rank"]), int(m["by"])) for m in map(RECORD.match, job.lines) if m]
     assert found == [(call, r, r) for call in (1, 2) for r in range(nproc)] + [(3, r, r) for r in survivors], found
     assert set(map(int, NAMED.findall(job.stderr))) == set(dying), job.stderr[-3000:]
+    # the one traceback is the launcher's report of the dead workers
+    assert job.stderr.count("Traceback") == job.stderr.count("ChildFailedError:") == 1, job.stderr[-3000:]
